@@ -1,0 +1,1 @@
+"""Rule checks, one small function per rule id, grouped by area."""

@@ -1,0 +1,236 @@
+"""PyTorch DCP checks: metadata, shard set, sizes, slices, marker order, coverage, experts.
+
+All read only `.metadata` and at most two tiny ranges per storage record: no tensor bytes.
+"""
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+from ..engine.finding import Hit
+from ..engine.registry import check
+from ..layouts import coverage, ptzip
+from ..layouts.dcp import SHARD_RE
+
+DEFAULT_MTIME_TOLERANCE = 2.0
+EXPERT_INDEX_RE = re.compile(r"(?:^|\.)experts\.(\d+)\.")
+EXPERT_KEY_RE = re.compile(r"(?:^|\.)experts(?:\.|$)")
+EXPERT_CONFIG_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+
+def _md(ck):
+    if ck.layout.reader != "dcp":
+        return None
+    return ck.dcp[0]
+
+
+def _ends(md) -> dict[str, int]:
+    ends: dict[str, int] = defaultdict(int)
+    for s in md.storage:
+        ends[s.relative_path] = max(ends[s.relative_path], s.file_offset + s.length)
+    return ends
+
+
+@check("CKD110", "checkpoint")
+def metadata_unreadable(ck, eng):
+    if ck.layout.reader != "dcp":
+        return
+    for p in ck.dcp[1]:
+        yield Hit(ck.path(p.file), f"cannot read DCP metadata: {p.message}",
+                  details={"file": p.file, "refused_global": p.refused_global},
+                  hint="a hostile or corrupt .metadata; nothing from it was executed" if p.refused_global
+                  else "the metadata file is truncated or corrupt; the checkpoint cannot be loaded")
+
+
+@check("CKD103", "checkpoint")
+def shard_missing(ck, eng):
+    md = _md(ck)
+    if not md:
+        return
+    files = ck.files
+    refs: dict[str, int] = defaultdict(int)
+    for s in md.storage:
+        refs[s.relative_path] += 1
+    for rel, n in sorted(refs.items()):
+        if rel not in files:
+            yield Hit(ck.path(rel), f"shard {rel} is referenced by {n} metadata record(s) but does not exist",
+                      details={"file": rel, "records": n}, hint="copy the missing shard or resume from an "
+                                                                "older checkpoint")
+
+
+@check("CKD104", "checkpoint")
+def shard_truncated(ck, eng):
+    md = _md(ck)
+    if not md:
+        return
+    files = ck.files
+    for rel, end in sorted(_ends(md).items()):
+        e = files.get(rel)
+        if e is not None and e.size < end:
+            yield Hit(ck.path(rel), f"shard {rel} is {e.size} bytes but its metadata needs at least {end}",
+                      details={"file": rel, "expected_min_bytes": end, "actual_bytes": e.size,
+                               "missing_bytes": end - e.size},
+                      hint="the shard was truncated (interrupted copy or write); re-copy it")
+
+
+@check("CKD105", "checkpoint")
+def slice_corrupt(ck, eng):
+    """Each storage record must be one whole torch.save zip archive (local storage only)."""
+    md = _md(ck)
+    if not md or not ck.storage.local:
+        return
+    import os
+    files = ck.files
+    by_file = defaultdict(list)
+    for s in md.storage:
+        by_file[s.relative_path].append(s)
+    for rel, recs in sorted(by_file.items()):
+        e = files.get(rel)
+        if e is None:
+            continue
+        bad = []
+        fd = os.open(ck.storage.abspath(ck.relpath(rel)), os.O_RDONLY)
+        try:
+            for s in recs:
+                if s.file_offset + s.length > e.size:
+                    continue  # CKD104 reports it
+                head = os.pread(fd, 4, s.file_offset)
+                tail = os.pread(fd, ptzip.EOCD_LEN, s.file_offset + s.length - ptzip.EOCD_LEN) \
+                    if s.length >= ptzip.EOCD_LEN else b""
+                why = ptzip.slice_problem(head, tail, s.length)
+                if why:
+                    bad.append((s, why))
+        finally:
+            os.close(fd)
+        for s, why in bad[:5]:
+            yield Hit(ck.path(rel), f"record {s.fqn!r} at {s.file_offset}+{s.length}: {why}",
+                      details={"file": rel, "fqn": s.fqn, "offset": s.file_offset, "length": s.length},
+                      hint="the shard's bytes do not match its metadata (overwritten or mixed generations)")
+        if len(bad) > 5:
+            yield Hit(ck.path(rel), f"{len(bad) - 5} more corrupt records in {rel}",
+                      details={"file": rel, "more": len(bad) - 5})
+
+
+@check("CKD106", "checkpoint")
+def stray_shard(ck, eng):
+    md = _md(ck)
+    if not md:
+        return
+    refs = {s.relative_path for s in md.storage}
+    for name, e in sorted(ck.files.items()):
+        if name.endswith(".distcp") and name not in refs and e.size > 0:
+            yield Hit(ck.path(name), f"{name} ({e.size} bytes) is not referenced by the metadata",
+                      details={"file": name, "bytes": e.size},
+                      hint="a leftover of another save into the same directory; the loader ignores it, "
+                           "but it signals mixed generations")
+
+
+@check("CKD107", "checkpoint")
+def marker_not_last(ck, eng):
+    """A shard clearly newer than the marker means the directory was rewritten after commit."""
+    if ck.layout.reader != "dcp":
+        return
+    tol = float(eng.opt("mtime_tolerance", DEFAULT_MTIME_TOLERANCE))
+    marker = next((ck.files[n] for n in ck.metadata_files() if n in ck.files), None)
+    if marker is None or marker.mtime is None:
+        return
+    late = [(n, e) for n, e in ck.files.items()
+            if SHARD_RE.match(n) and e.mtime is not None and e.mtime - marker.mtime > tol]
+    if late:
+        late.sort(key=lambda t: -t[1].mtime)
+        n, e = late[0]
+        yield Hit(ck.path(n), f"{len(late)} shard(s) modified after the commit marker {marker.name} "
+                              f"(newest {n}, {e.mtime - marker.mtime:.1f} s later)",
+                  details={"marker": marker.name, "files": sorted(x for x, _ in late)[:20],
+                           "max_seconds_after_marker": round(e.mtime - marker.mtime, 3),
+                           "tolerance_seconds": tol},
+                  hint="the directory was written again after commit (mixed generations); if it was "
+                       "copied without preserving mtimes, copy with `cp -a`/`rsync -t` or raise "
+                       "--mtime-tolerance")
+
+
+@check("CKD108", "checkpoint")
+def chunk_coverage(ck, eng):
+    md = _md(ck)
+    if not md:
+        return
+    for fqn, t in md.tensors.items():
+        for msg, det in coverage.problems(t.size, t.chunks):
+            yield Hit(ck.path(".metadata"), f"tensor {fqn!r}: {msg}", details={"fqn": fqn, **det},
+                      hint="some ranks' pieces of this tensor were never saved (or saved twice); "
+                           "loading it would leave uninitialised or ambiguous values")
+
+
+def _expected_experts(ck, eng) -> tuple[int | None, str | None]:
+    n = eng.opt("num_experts")
+    if n:
+        return int(n), "--num-experts"
+    import json
+    st = ck.storage
+    rel = ck.rel
+    for _ in range(3):  # the checkpoint dir, its run root, and one more parent
+        cfg = st.join(rel, "config.json")
+        try:
+            data = st.read(cfg, 1 << 20)
+            doc = json.loads(data)
+        except (OSError, ValueError):
+            doc = None
+        if isinstance(doc, dict):
+            for src in (doc, doc.get("text_config") or {}):
+                for key in EXPERT_CONFIG_KEYS:
+                    v = src.get(key) if isinstance(src, dict) else None
+                    if isinstance(v, int) and v > 0:
+                        return v, f"{st.show(cfg)}:{key}"
+        if not rel:
+            break
+        rel = rel.rsplit("/", 1)[0] if "/" in rel else ""
+    return None, None
+
+
+@check("CKD109", "checkpoint")
+def expert_collision(ck, eng):
+    """Expert weights that cover fewer experts than the model has: EP groups collided in dedup."""
+    md = _md(ck)
+    if not md:
+        return
+    expert_keys = [f for f in md.tensors if EXPERT_KEY_RE.search(f)]
+    if not expert_keys:
+        return
+    want, source = _expected_experts(ck, eng)
+    writers: dict[str, set[int]] = defaultdict(set)
+    for s in md.storage:
+        m = SHARD_RE.match(s.relative_path)
+        if m and s.fqn in md.tensors and EXPERT_KEY_RE.search(s.fqn):
+            writers[s.fqn].add(int(m["rank"]))
+    if want is None:
+        return
+    # 1) per-expert keys: experts.{i}. -- count distinct indices per key template
+    indexed: dict[str, set[int]] = defaultdict(set)
+    for f in expert_keys:
+        m = EXPERT_INDEX_RE.search(f)
+        if m:
+            indexed[EXPERT_INDEX_RE.sub(".experts.{i}.", f, count=1)].add(int(m.group(1)))
+    for tmpl, idx in sorted(indexed.items()):
+        if len(idx) < want:
+            missing = sorted(set(range(want)) - idx)
+            yield Hit(ck.path(".metadata"), f"{tmpl!r}: {len(idx)} of {want} experts saved "
+                                            f"(missing {missing[:8]}{'...' if len(missing) > 8 else ''})",
+                      details={"key": tmpl, "saved": sorted(idx)[:64], "expected_experts": want,
+                               "expected_from": source},
+                      hint="expert-parallel ranks collided in DCP's dedup; resume would load the wrong "
+                           "experts. Re-save with expert keys unique per EP rank.")
+    # 2) stacked expert tensors: no dimension equals the expert count
+    for f in expert_keys:
+        if EXPERT_INDEX_RE.search(f):
+            continue
+        t = md.tensors[f]
+        if len(t.size) >= 2 and want not in t.size:
+            cand = [d for d in t.size if d and want % d == 0 and d < want]
+            if cand:
+                yield Hit(ck.path(".metadata"),
+                          f"{f!r} has shape {list(t.size)}: no dimension holds all {want} experts "
+                          f"(looks like one EP group's {cand[0]} local experts)",
+                          details={"fqn": f, "global_shape": list(t.size), "expected_experts": want,
+                                   "expected_from": source, "writer_ranks": sorted(writers.get(f, ()))},
+                          hint="only one expert-parallel group's experts were saved (DCP dedup kept one "
+                               "copy); use the save-time guard ckptdoctor.guards.check_unique_shards")

@@ -1,0 +1,74 @@
+"""Layout-generic checks: rank grids of per-rank files and `.pt` archives that must be whole."""
+from __future__ import annotations
+
+import itertools
+import re
+
+from ..engine.finding import Hit
+from ..engine.registry import check
+from ..layouts import ptzip
+
+MP_RANK_RE = re.compile(r"^mp_rank_(?P<tp>\d{2})(?:_(?P<pp>\d{3}))?(?:_(?P<ep>\d{3}))?$")
+
+
+@check("CKD116", "checkpoint")
+def rank_grid_incomplete(ck, eng):
+    """Megatron legacy: every (tp, pp[, ep]) rank directory holds a non-empty rank file."""
+    if ck.layout.reader != "megatron-legacy":
+        return
+    rank_file = ck.layout.extra.get("rank_file", "model_optim_rng.pt")
+    grid = {}
+    for name in ck.dirs:
+        m = MP_RANK_RE.match(name)
+        if m:
+            key = tuple(int(v) if v is not None else None for v in (m["tp"], m["pp"], m["ep"]))
+            grid[key] = name
+    if not grid:
+        yield Hit(ck.display, "no mp_rank_* directories: nothing to load",
+                  details={"expected": "mp_rank_XX[_YYY][_ZZZ]/" + rank_file})
+        return
+    axes = []
+    for i in range(3):
+        vals = {k[i] for k in grid}
+        axes.append([None] if vals == {None} else list(range(max(v for v in vals if v is not None) + 1)))
+    missing = [k for k in itertools.product(*axes) if k not in grid]
+    for k in missing:
+        name = "mp_rank_{:02d}".format(k[0]) + ("" if k[1] is None else f"_{k[1]:03d}") + \
+               ("" if k[2] is None else f"_{k[2]:03d}")
+        yield Hit(ck.path(name), f"rank directory {name} is missing from the {'x'.join(str(len(a)) for a in axes)} "
+                                 f"(tp x pp x ep) grid", details={"missing": name, "tp_pp_ep": list(k)},
+                  hint="a rank never wrote its part; resume from an older iteration")
+    for k, name in sorted(grid.items(), key=lambda t: t[1]):
+        try:
+            e = ck.storage.stat(ck.storage.join(ck.rel, name, rank_file))
+        except OSError:
+            e = None
+        if e is None or e.size == 0:
+            yield Hit(ck.path(f"{name}/{rank_file}"),
+                      f"{name}/{rank_file} is {'missing' if e is None else 'empty (0 bytes)'}",
+                      details={"file": f"{name}/{rank_file}", "bytes": e.size if e else None})
+
+
+def _archives(ck):
+    names = [e.name for e in ck.matching(ck.layout.optional_archives)]
+    if ck.layout.reader == "megatron-legacy":
+        rank_file = ck.layout.extra.get("rank_file", "model_optim_rng.pt")
+        names += [f"{d}/{rank_file}" for d in sorted(ck.dirs) if MP_RANK_RE.match(d)]
+    return names
+
+
+@check("CKD117", "checkpoint")
+def pt_archive_corrupt(ck, eng):
+    """`.pt` files are zip archives: a truncated one has no central directory."""
+    for name in _archives(ck):
+        rel = ck.relpath(name)
+        try:
+            with ck.storage.open(rel) as fh:
+                why = ptzip.archive_problem(fh)
+        except FileNotFoundError:
+            continue  # CKD116 or required-file rules report absence
+        except OSError as exc:
+            why = f"unreadable ({exc.strerror or exc})"
+        if why:
+            yield Hit(ck.path(name), f"{name}: {why}", details={"file": name},
+                      hint="the file was truncated or overwritten; torch.load would fail on resume")

@@ -1,0 +1,21 @@
+"""Commit markers and in-flight commit leftovers inside one checkpoint directory."""
+from ..engine.finding import Hit
+from ..engine.registry import check
+
+
+@check("CKD101", "checkpoint")
+def marker_missing(ck, eng):
+    for group in ck.layout.markers:
+        if not ck.matching(group):
+            yield Hit(ck.display, f"commit marker {' or '.join(group)} is missing: the save never "
+                                  f"committed ({ck.layout.title})",
+                      details={"expected": list(group), "layout": ck.layout.name},
+                      hint="do not resume from this checkpoint")
+
+
+@check("CKD102", "checkpoint")
+def commit_interrupted(ck, eng):
+    for e in ck.matching(ck.layout.temp):
+        yield Hit(ck.path(e.name), f"leftover {e.name}: the save crashed while committing",
+                  details={"file": e.name, "bytes": e.size},
+                  hint="the marker was never renamed into place; treat the checkpoint as incomplete")

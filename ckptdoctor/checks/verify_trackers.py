@@ -1,0 +1,69 @@
+"""Run-root trackers: the file that decides what the framework resumes from."""
+from __future__ import annotations
+
+from ..engine.finding import Hit
+from ..engine.registry import check
+
+
+@check("CKD111", "run")
+def tracker_missing(run, eng):
+    spec, e, val = run.tracker
+    if not spec or e is not None:
+        return
+    done = run.newest_complete()
+    if done:
+        yield Hit(run.storage.show(spec["file"]),
+                  f"tracker {spec['file']} is missing while complete checkpoints exist "
+                  f"(newest {done.name}): the framework will silently start from step 0",
+                  details={"tracker": spec["file"], "newest_complete": done.name},
+                  hint=f"write the tracker atomically: ckptdoctor publish, or echo the step of "
+                       f"{done.name} into {spec['file']} (temp file + rename)")
+
+
+@check("CKD112", "run")
+def tracker_unparsable(run, eng):
+    spec, e, val = run.tracker
+    if val is not None and val.problem:
+        yield Hit(run.storage.show(spec["file"]), f"{spec['file']}: {val.problem}",
+                  details={"tracker": spec["file"], "content": val.raw[:80]},
+                  hint=spec.get("unparsable_hint", "the framework cannot read it (Megatron even exits 0); "
+                                                   "rewrite it to name a complete checkpoint"))
+
+
+@check("CKD113", "run")
+def tracker_dangling(run, eng):
+    spec, e, val = run.tracker
+    if val is None or val.problem or val.target is None:
+        return
+    names = {c.name: c for c in run.checkpoints}
+    done = run.newest_complete()
+    instead = f"; newest complete checkpoint is {done.name}" if done else "; no complete checkpoint exists"
+    if val.target not in names:
+        yield Hit(run.storage.show(spec["file"]), f"tracker names {val.target}, which does not exist"
+                                                  + instead,
+                  details={"tracker": spec["file"], "target": val.target,
+                           "newest_complete": done.name if done else None},
+                  hint="repoint the tracker at a complete checkpoint" if done else None)
+    elif not run.status[val.target].complete:
+        st = run.status[val.target]
+        yield Hit(run.storage.show(spec["file"]), f"tracker names {val.target}, which is incomplete "
+                                                  f"({', '.join(st.reasons[:3])})" + instead,
+                  details={"tracker": spec["file"], "target": val.target, "why": st.reasons,
+                           "newest_complete": done.name if done else None},
+                  hint="repoint the tracker at a complete checkpoint" if done else None)
+
+
+@check("CKD114", "run")
+def tracker_behind(run, eng):
+    spec, e, val = run.tracker
+    if val is None or val.problem or val.target is None:
+        return
+    by_name = {c.name: c for c in run.checkpoints}
+    cur = by_name.get(val.target)
+    done = run.newest_complete()
+    if cur is not None and done is not None and cur.step is not None and done.step > cur.step:
+        yield Hit(run.storage.show(spec["file"]),
+                  f"tracker names {cur.name} but {done.name} is newer and complete",
+                  details={"tracker": spec["file"], "target": cur.name, "newest_complete": done.name},
+                  hint=f"the run will redo {done.step - cur.step} steps; repoint the tracker if "
+                       f"{done.name} is the one you want")

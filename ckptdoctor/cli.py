@@ -1,0 +1,238 @@
+"""Thin typer commands: parse options, call a flow in ckptdoctor.commands, render the Report."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from enum import Enum
+from typing import List, Optional
+
+import typer
+
+from . import __version__
+from .engine.errors import (EXIT_INTERNAL, EXIT_USAGE, CkptDoctorError, UsageError)
+
+app = typer.Typer(name="ckptdoctor", no_args_is_help=True, add_completion=False,
+                  rich_markup_mode=None, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
+                  help="Find broken checkpoints before the relaunch; publish them whole or not at all.")
+
+log = logging.getLogger("ckptdoctor")
+
+
+class Fmt(str, Enum):
+    text = "text"
+    json = "json"
+    sarif = "sarif"
+
+
+class Level(str, Enum):
+    error = "error"
+    warning = "warning"
+    info = "info"
+
+
+# ---- shared option declarations ------------------------------------------------------------
+SelectOpt = typer.Option(None, "--select", help="Only these rules: ids or names, prefixes allowed "
+                         "(CKD1, tracker-), comma-separated or repeated; ALL for every rule.")
+IgnoreOpt = typer.Option(None, "--ignore", help="Skip these rules (ids or names, prefixes allowed).")
+FailOnOpt = typer.Option(None, "--fail-on", help="Exit 1 when a finding is at or above this severity "
+                         "[default: error].")
+SeverityOpt = typer.Option(None, "--severity", help="Override a rule's severity: RULE=error|warning|info "
+                           "(repeatable).")
+ConfigOpt = typer.Option(None, "--config", help="Config file (ckptdoctor.toml or pyproject.toml "
+                         "[tool.ckptdoctor]); default: $CKPTDOCTOR_CONFIG, else found upward from the "
+                         "current directory.")
+IsolatedOpt = typer.Option(False, "--isolated", help="Ignore every config file and $CKPTDOCTOR_CONFIG.")
+FormatOpt = typer.Option(Fmt.text, "--format", "-f", help="Output format on stdout.")
+DebugOpt = typer.Option(False, "--debug", help="Show tracebacks of internal errors.")
+QuietOpt = typer.Option(False, "--quiet", "-q", help="No progress or log lines on stderr.")
+
+
+def _split(values: Optional[List[str]]) -> list[str]:
+    out: list[str] = []
+    for v in values or []:
+        out += [x for x in v.replace(",", " ").split() if x]
+    return out
+
+
+def _engine(command, target, select, ignore, fail_on, severity, config, isolated, debug, options=None):
+    from .engine import config as cfg
+    from .engine.runner import Engine
+    from .engine.selection import Selection
+    s = cfg.load(config, isolated)
+    if select:
+        s.select = _split(select)
+    if ignore:
+        s.ignore = s.ignore + _split(ignore)
+    if fail_on:
+        s.fail_on = fail_on.value if isinstance(fail_on, Enum) else fail_on
+    if s.fail_on not in ("error", "warning", "info"):
+        raise UsageError(f"fail-on {s.fail_on!r}: use error, warning or info")
+    for item in severity or []:
+        key, sep, val = item.partition("=")
+        if not sep:
+            raise UsageError(f"--severity {item!r}: expected RULE=error|warning|info")
+        s.severity[key] = val
+    opts = dict(s.options.get(command, {}))
+    opts.update({k: v for k, v in (options or {}).items() if v is not None})
+    eng = Engine(command, target, Selection(s.select, s.ignore, s.severity), fail_on=s.fail_on,
+                 options=opts, debug=debug)
+    return eng
+
+
+def _finish(eng, fmt: Fmt) -> None:
+    from .report import render
+    render(eng.report, fmt.value, sys.stdout)
+    sys.stdout.flush()
+    if eng.internal_errors:
+        raise typer.Exit(EXIT_INTERNAL)
+    raise typer.Exit(1 if eng.report.failed() else 0)
+
+
+def _logging(quiet: bool, debug: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if debug else (logging.ERROR if quiet else logging.INFO),
+                        format="ckptdoctor: %(message)s", stream=sys.stderr)
+
+
+# ---- commands ------------------------------------------------------------------------------
+@app.command(rich_help_panel="Inspection")
+def verify(
+    path: str = typer.Argument(..., help="Checkpoint directory, run root, or fsspec URL (s3://, file://)."),
+    layout: Optional[str] = typer.Option(None, "--layout", help="Force a layout (see `ckptdoctor layouts`)."),
+    num_experts: Optional[int] = typer.Option(None, "--num-experts", help="Expected expert count for "
+                                              "CKD109 (default: from config.json)."),
+    mtime_tolerance: Optional[float] = typer.Option(None, "--mtime-tolerance", help="Seconds a shard may "
+                                                    "be newer than its marker before CKD107 fires [default: 2]."),
+    select: Optional[List[str]] = SelectOpt, ignore: Optional[List[str]] = IgnoreOpt,
+    fail_on: Optional[Level] = FailOnOpt, severity: Optional[List[str]] = SeverityOpt,
+    config: Optional[str] = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
+    debug: bool = DebugOpt, quiet: bool = QuietOpt,
+):
+    """Check a checkpoint or run root: completeness, sizes, markers, trackers, coverage. Read-only."""
+    _logging(quiet, debug)
+    from .commands import verify as flow
+    eng = _engine("verify", path, select, ignore, fail_on, severity, config, isolated, debug,
+                  {"num_experts": num_experts, "mtime_tolerance": mtime_tolerance})
+    flow.run(path, eng, layout=layout)
+    _finish(eng, format)
+
+
+def _not_landed(command: str, issue: int):
+    from .engine.errors import NotLanded
+    raise NotLanded(f"{command}: not implemented yet (tracked in issue #{issue}); "
+                    f"no check was run")
+
+
+@app.command(rich_help_panel="Publishing")
+def publish(src: str = typer.Argument(..., help="Checkpoint directory to publish."),
+            dest_root: str = typer.Argument(..., help="Destination run root (path or fsspec URL).")):
+    """Copy a checkpoint so it appears whole or not at all (not implemented yet)."""
+    _not_landed("publish", 6)
+
+
+@app.command(rich_help_panel="Inspection")
+def reconcile(path: str = typer.Argument(..., help="RL checkpoint step directory or run-state file.")):
+    """Check that an RL run resumes on the same data (not implemented yet)."""
+    _not_landed("reconcile", 7)
+
+
+@app.command(rich_help_panel="Inspection")
+def preflight(location: str = typer.Argument(..., help="Checkpoint directory or run root.")):
+    """Check every rank of a new allocation can read its shards (not implemented yet)."""
+    _not_landed("preflight", 9)
+
+
+@app.command(rich_help_panel="Reference")
+def rules(
+    rule: Optional[str] = typer.Argument(None, help="A rule id or name: print its full documentation."),
+    format: Fmt = typer.Option(Fmt.text, "--format", "-f", help="Output format (text or json)."),
+):
+    """List the rule catalog, or document one rule."""
+    import json as _json
+
+    from .engine.catalog import catalog, lookup
+    if rule:
+        r = lookup(rule)
+        if r is None:
+            raise UsageError(f"no rule {rule!r} (see `ckptdoctor rules`)")
+        if format is Fmt.json:
+            _json.dump(r.__dict__, sys.stdout, indent=2)
+            print()
+            return
+        print(f"{r.id} {r.name} [{r.severity}]  ({', '.join(r.subcommands)})\n")
+        for title, body in (("What it checks", r.summary), ("Why it matters", r.why),
+                            ("Example", r.example), ("How to fix", r.fix)):
+            if body:
+                print(f"{title}\n  {body}\n")
+        if r.references:
+            print("References\n  " + "\n  ".join(r.references))
+        return
+    rows = list(catalog().values())
+    if format is Fmt.json:
+        _json.dump([r.__dict__ for r in rows], sys.stdout, indent=2)
+        print()
+        return
+    for r in rows:
+        print(f"{r.id}  {r.name:<28} {r.severity:<8} {r.summary}")
+
+
+@app.command(rich_help_panel="Reference")
+def layouts(format: Fmt = typer.Option(Fmt.text, "--format", "-f", help="Output format (text or json).")):
+    """List the checkpoint layouts ckptdoctor knows (rules/layouts/*.yaml)."""
+    import json as _json
+
+    from .layouts.spec import layouts as all_layouts
+    ls = list(all_layouts().values())
+    if format is Fmt.json:
+        _json.dump([{"name": l.name, "title": l.title, "scope": l.scope} for l in ls], sys.stdout, indent=2)
+        print()
+        return
+    for l in ls:
+        print(f"{l.name:<22} {l.scope:<10} {l.title}")
+
+
+@app.command(rich_help_panel="Reference")
+def demo(directory: Optional[str] = typer.Argument(None, help="Where to write the demo run "
+                                                   "[default: a new temporary directory]."),
+         format: Fmt = FormatOpt):
+    """Write a small realistic run with injected faults and run the doctor on it."""
+    from .demo import run_demo
+    raise typer.Exit(run_demo(directory, format.value))
+
+
+def _version_callback(value: bool):
+    if value:
+        print(f"ckptdoctor {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", help="Print the version and exit.",
+                                       callback=_version_callback, is_eager=True)):
+    """ckptdoctor: checkpoint doctor and publisher for large training runs."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if args == ["--version"]:  # fast path: no typer/rich import for scripts that probe the version
+        print(f"ckptdoctor {__version__}")
+        sys.exit(0)
+    debug = "--debug" in args
+    try:
+        app(args=args, prog_name="ckptdoctor", standalone_mode=True)
+    except SystemExit:
+        raise
+    except CkptDoctorError as exc:
+        print(f"ckptdoctor: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        print("ckptdoctor: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:  # never a raw traceback
+        if debug:
+            import traceback
+            traceback.print_exc()
+        print(f"ckptdoctor: internal error: {type(exc).__name__}: {exc} (rerun with --debug)",
+              file=sys.stderr)
+        sys.exit(EXIT_INTERNAL)

@@ -1,0 +1,1 @@
+"""Subcommand flows: each builds views, runs the engine's checks, and returns a Report."""

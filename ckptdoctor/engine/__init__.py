@@ -1,0 +1,1 @@
+"""The one rule engine every subcommand runs on: catalog, registry, selection, runner."""

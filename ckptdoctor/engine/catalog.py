@@ -1,0 +1,82 @@
+"""The rule catalog: rules/*.yaml, one file per rule (id, name, severity, why, fix, ...).
+
+The YAML is the single source of rule documentation: `ckptdoctor rules ID`, SARIF rule
+metadata and the man pages all render from it.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .errors import UsageError
+
+ID_RE = re.compile(r"^CKD\d{3}$")
+NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+AREAS = {"1": "verify", "2": "publish", "3": "reconcile", "4": "preflight", "9": "tool"}
+REQUIRED = ("id", "name", "severity", "subcommands", "summary", "why", "fix")
+
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def data_dir() -> Path:
+    """rules/ in a source checkout, ckptdoctor/_rules in an installed wheel."""
+    here = Path(__file__).resolve().parent.parent
+    for cand in (here / "_rules", here.parent / "rules"):
+        if cand.is_dir():
+            return cand
+    raise UsageError("ckptdoctor: cannot find the rules/ catalog next to the package")
+
+
+def load_yaml(path: Path):
+    with open(path, "rb") as fh:
+        return yaml.load(fh, Loader=_Loader)
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    name: str
+    severity: str
+    subcommands: tuple[str, ...]
+    summary: str
+    why: str
+    fix: str
+    example: str = ""
+    references: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def area(self) -> str:
+        return AREAS.get(self.id[3], "?")
+
+
+@functools.lru_cache(maxsize=1)
+def catalog() -> dict[str, Rule]:
+    rules: dict[str, Rule] = {}
+    for path in sorted(data_dir().glob("CKD*.yaml")):
+        doc = load_yaml(path)
+        missing = [k for k in REQUIRED if k not in (doc or {})]
+        if missing:
+            raise UsageError(f"{path}: rule entry lacks {', '.join(missing)}")
+        if not ID_RE.match(doc["id"]) or not NAME_RE.match(doc["name"]):
+            raise UsageError(f"{path}: bad id or name {doc['id']!r} {doc['name']!r}")
+        if doc["severity"] not in ("error", "warning", "info"):
+            raise UsageError(f"{path}: bad severity {doc['severity']!r}")
+        rules[doc["id"]] = Rule(
+            id=doc["id"], name=doc["name"], severity=doc["severity"],
+            subcommands=tuple(doc["subcommands"]), summary=doc["summary"].strip(),
+            why=doc["why"].strip(), fix=doc["fix"].strip(), example=(doc.get("example") or "").strip(),
+            references=tuple(doc.get("references") or ()))
+    return rules
+
+
+def by_name() -> dict[str, Rule]:
+    return {r.name: r for r in catalog().values()}
+
+
+def lookup(key: str) -> Rule | None:
+    key = key.strip()
+    return catalog().get(key.upper()) or by_name().get(key.lower())

@@ -1,0 +1,62 @@
+"""Finding and Report: the values every check produces and every renderer consumes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SEVERITIES = ("error", "warning", "info")
+RANK = {"info": 0, "warning": 1, "error": 2}
+
+
+@dataclass
+class Hit:
+    """What a check yields: the runner stamps rule id and final severity on it."""
+    path: str
+    message: str
+    details: dict[str, Any] = field(default_factory=dict)
+    hint: str | None = None
+    severity: str | None = None  # a check may grade within its rule; config overrides win
+
+
+@dataclass
+class Finding:
+    rule: str
+    name: str
+    severity: str
+    path: str
+    message: str
+    details: dict[str, Any] = field(default_factory=dict)
+    hint: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rule": self.rule, "name": self.name, "severity": self.severity, "path": self.path,
+                "message": self.message, "details": self.details, "hint": self.hint}
+
+
+@dataclass
+class Report:
+    command: str
+    target: str
+    findings: list[Finding] = field(default_factory=list)
+    # Free-form facts for renderers (e.g. the run-root table, resume target); part of JSON output.
+    facts: dict[str, Any] = field(default_factory=dict)
+    fail_on: str = "error"
+
+    @property
+    def summary(self) -> dict[str, int]:
+        out = {s: 0 for s in SEVERITIES}
+        for f in self.findings:
+            out[f.severity] += 1
+        return out
+
+    def failed(self, fail_on: str | None = None) -> bool:
+        threshold = RANK[fail_on or self.fail_on]
+        return any(RANK[f.severity] >= threshold for f in self.findings)
+
+    def rules(self) -> set[str]:
+        return {f.rule for f in self.findings}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": 1, "command": self.command, "target": self.target,
+                "findings": [f.to_json() for f in self.findings], "summary": self.summary,
+                "facts": self.facts}

@@ -1,0 +1,60 @@
+"""Registry of check functions: one small function per rule id.
+
+A check is registered with the scope it runs on:
+  * "checkpoint": fn(ckpt: CheckpointView, ctx) -> Iterable[Hit]
+  * "run":        fn(run: RunView, ctx) -> Iterable[Hit]
+  * other scopes belong to their subcommand (e.g. "reconcile", "preflight", "publish").
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+CHECK_MODULES = (
+    "ckptdoctor.checks.verify_markers",
+    "ckptdoctor.checks.verify_dcp",
+    "ckptdoctor.checks.verify_layout",
+    "ckptdoctor.checks.verify_trackers",
+    "ckptdoctor.checks.verify_checksums",
+    "ckptdoctor.checks.tool",
+)
+
+
+@dataclass(frozen=True)
+class Check:
+    rule: str
+    scope: str
+    fn: Callable
+
+
+_REGISTRY: dict[str, Check] = {}
+
+
+def check(rule_id: str, scope: str):
+    def deco(fn):
+        if rule_id in _REGISTRY:
+            raise RuntimeError(f"rule {rule_id} registered twice")
+        _REGISTRY[rule_id] = Check(rule_id, scope, fn)
+        return fn
+    return deco
+
+
+def register_external(rule_id: str, scope: str):
+    """For rules whose finding is raised by a subcommand's own flow (publish, tool errors)."""
+    return check(rule_id, scope)(lambda *a, **k: ())
+
+
+def load_all() -> dict[str, Check]:
+    for mod in CHECK_MODULES:
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as exc:
+            if exc.name != mod:
+                raise
+    return _REGISTRY
+
+
+def checks_for(scope: str) -> list[Check]:
+    load_all()
+    return [c for c in _REGISTRY.values() if c.scope == scope]

@@ -1,0 +1,72 @@
+"""The runner: calls registered checks, applies selection and severity, collects a Report."""
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import Any, Iterable
+
+from .catalog import catalog
+from .errors import TransientError
+from .finding import Finding, Hit, Report
+from .registry import checks_for
+from .selection import Selection
+
+log = logging.getLogger("ckptdoctor")
+
+
+class Engine:
+    def __init__(self, command: str, target: str, selection: Selection, fail_on: str = "error",
+                 options: dict[str, Any] | None = None, debug: bool = False):
+        self.report = Report(command=command, target=target, fail_on=fail_on)
+        self.selection = selection
+        self.options = options or {}
+        self.debug = debug
+        self.internal_errors = 0
+        self._seen: set[tuple] = set()
+
+    def opt(self, key: str, default=None):
+        v = self.options.get(key)
+        return default if v is None else v
+
+    # -- emitting -------------------------------------------------------------------------
+    def emit(self, rule_id: str, hit: Hit) -> Finding | None:
+        """Turn a Hit into a Finding unless the rule is deselected; dedupe exact repeats."""
+        if not self.selection.enabled_rule(rule_id):
+            return None
+        rule = catalog()[rule_id]
+        sev = self.selection.severity.get(rule_id) or hit.severity or rule.severity
+        key = (rule_id, hit.path, hit.message)
+        if key in self._seen:
+            return None
+        self._seen.add(key)
+        f = Finding(rule=rule_id, name=rule.name, severity=sev, path=hit.path, message=hit.message,
+                    details=hit.details, hint=hit.hint)
+        self.report.findings.append(f)
+        return f
+
+    def run_scope(self, scope: str, subject, *args) -> list[Finding]:
+        """Run every selected check of `scope` on `subject`; returns the findings it added."""
+        added: list[Finding] = []
+        for chk in checks_for(scope):
+            if not self.selection.enabled_rule(chk.rule):
+                continue
+            try:
+                hits: Iterable[Hit] = chk.fn(subject, self, *args) or ()
+                for hit in hits:
+                    f = self.emit(chk.rule, hit)
+                    if f:
+                        added.append(f)
+            except TransientError:
+                raise
+            except Exception as exc:  # a bug in a check must not hide the other findings
+                self.internal_errors += 1
+                where = getattr(subject, "display", None) or str(subject)
+                log.error("internal error in %s on %s: %s: %s", chk.rule, where, type(exc).__name__, exc)
+                if self.debug:
+                    traceback.print_exc()
+                f = self.emit("CKD900", Hit(path=where, message=f"check {chk.rule} crashed: "
+                                        f"{type(exc).__name__}: {exc}", details={"rule": chk.rule},
+                                        hint="this is a ckptdoctor bug; rerun with --debug and report it"))
+                if f:
+                    added.append(f)
+        return added

@@ -1,0 +1,1 @@
+"""Storage access, safe unpickling, hashing and atomic writes."""

@@ -1,0 +1,225 @@
+"""One small storage interface over local paths (os, fast) and fsspec URLs (s3://, memory://...).
+
+Verify-side code only lists, stats and reads ranges: it never writes.  Errors are mapped to the
+exit-code contract here, once: a missing root is an InputError (exit 2), an unreachable store a
+TransientError (exit 75).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import posixpath
+import stat as stat_mod
+from dataclasses import dataclass
+from typing import IO
+
+from ..engine.errors import InputError, TransientError
+
+TRANSIENT_ERRNOS = {errno.ETIMEDOUT, errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH,
+                    errno.ENETUNREACH, errno.EAGAIN, errno.ESTALE}
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    size: int
+    mtime: float | None
+    is_dir: bool
+    is_link: bool = False
+
+
+def is_url(location: str) -> bool:
+    return "://" in location and not location.startswith("file://")
+
+
+def is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, (TimeoutError, ConnectionError)):
+        return True
+    if isinstance(exc, OSError) and exc.errno in TRANSIENT_ERRNOS:
+        return True
+    name = type(exc).__name__
+    return name in {"EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
+                    "ClientConnectorError", "ServerTimeoutError", "ConnectionClosedError"}
+
+
+class Storage:
+    """Base: paths are '/'-separated and relative to the storage root ('' is the root)."""
+    display: str
+    local: bool = False
+
+    def join(self, *parts: str) -> str:
+        return posixpath.join(*[p for p in parts if p]) if any(parts) else ""
+
+    def show(self, rel: str) -> str:
+        return posixpath.join(self.display, rel) if rel else self.display
+
+    def listdir(self, rel: str = "") -> list[Entry]: raise NotImplementedError
+    def stat(self, rel: str) -> Entry | None: raise NotImplementedError
+    def open(self, rel: str) -> IO[bytes]: raise NotImplementedError
+
+    def read(self, rel: str, limit: int) -> bytes:
+        """Whole small file, refusing anything larger than `limit` bytes."""
+        with self.open(rel) as fh:
+            data = fh.read(limit + 1)
+        if len(data) > limit:
+            raise ValueError(f"larger than {limit} bytes")
+        return data
+
+    def read_range(self, rel: str, start: int, length: int) -> bytes:
+        with self.open(rel) as fh:
+            fh.seek(start)
+            return fh.read(length)
+
+    def sub(self, rel: str) -> "Storage": raise NotImplementedError
+
+
+class LocalStorage(Storage):
+    local = True
+
+    def __init__(self, root: str):
+        self.root = root[len("file://"):] if root.startswith("file://") else root
+        self.display = self.root.rstrip("/") or "/"
+
+    def abspath(self, rel: str) -> str:
+        return os.path.join(self.root, rel) if rel else self.root
+
+    def listdir(self, rel: str = "") -> list[Entry]:
+        out = []
+        with os.scandir(self.abspath(rel)) as it:
+            for de in it:
+                try:
+                    st = de.stat(follow_symlinks=True)
+                    is_link = de.is_symlink()
+                except FileNotFoundError:  # dangling symlink or vanished while listing
+                    try:
+                        st = de.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    is_link = True
+                except OSError as exc:
+                    if exc.errno == errno.ELOOP:
+                        out.append(Entry(de.name, 0, None, False, True))
+                        continue
+                    raise
+                out.append(Entry(de.name, st.st_size, st.st_mtime, stat_mod.S_ISDIR(st.st_mode), is_link))
+        return out
+
+    def stat(self, rel: str) -> Entry | None:
+        try:
+            st = os.stat(self.abspath(rel))
+        except FileNotFoundError:
+            return None
+        return Entry(posixpath.basename(rel), st.st_size, st.st_mtime, stat_mod.S_ISDIR(st.st_mode))
+
+    def open(self, rel: str) -> IO[bytes]:
+        return open(self.abspath(rel), "rb")
+
+    def read_range(self, rel: str, start: int, length: int) -> bytes:
+        fd = os.open(self.abspath(rel), os.O_RDONLY)
+        try:
+            return os.pread(fd, length, start)
+        finally:
+            os.close(fd)
+
+    def sub(self, rel: str) -> "LocalStorage":
+        return LocalStorage(self.abspath(rel))
+
+
+class FsspecStorage(Storage):
+    def __init__(self, url: str, fs=None):
+        import fsspec  # lazy: 60 ms
+        if fs is None:
+            fs, path = fsspec.core.url_to_fs(url)
+        else:
+            path = fs._strip_protocol(url)
+        self.fs = fs
+        self.root = path.rstrip("/")
+        self.url = url.rstrip("/")
+        self.display = self.url
+
+    def _p(self, rel: str) -> str:
+        return f"{self.root}/{rel}" if rel else self.root
+
+    def listdir(self, rel: str = "") -> list[Entry]:
+        base = self._p(rel)
+        items = self.fs.ls(base, detail=True, refresh=True) if _supports_refresh(self.fs) else \
+            self.fs.ls(base, detail=True)
+        out = []
+        for it in items:
+            name = it["name"].rstrip("/").rsplit("/", 1)[-1]
+            if it["name"].rstrip("/") == base.rstrip("/"):
+                continue
+            is_dir = it.get("type") == "directory"
+            out.append(Entry(name, int(it.get("size") or 0), _mtime(it), is_dir))
+        return out
+
+    def stat(self, rel: str) -> Entry | None:
+        try:
+            it = self.fs.info(self._p(rel))
+        except FileNotFoundError:
+            return None
+        return Entry(posixpath.basename(rel), int(it.get("size") or 0), _mtime(it),
+                     it.get("type") == "directory")
+
+    def open(self, rel: str) -> IO[bytes]:
+        return self.fs.open(self._p(rel), "rb")
+
+    def read_range(self, rel: str, start: int, length: int) -> bytes:
+        return self.fs.cat_file(self._p(rel), start=start, end=start + length)
+
+    def sub(self, rel: str) -> "FsspecStorage":
+        return FsspecStorage(f"{self.url}/{rel}", fs=self.fs)
+
+
+def _supports_refresh(fs) -> bool:
+    return type(fs).__module__.startswith("s3fs")
+
+
+def _mtime(info: dict) -> float | None:
+    for key in ("mtime", "LastModified", "last_modified", "created"):
+        v = info.get(key)
+        if v is None:
+            continue
+        if hasattr(v, "timestamp"):
+            return v.timestamp()
+        try:
+            return float(v)
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
+def open_location(location: str) -> Storage:
+    """Open a checkpoint location; raise InputError (exit 2) or TransientError (exit 75)."""
+    try:
+        st: Storage = FsspecStorage(location) if is_url(location) else LocalStorage(location)
+        root = st.stat("")
+    except ImportError as exc:
+        raise InputError(f"{location}: no filesystem driver for this URL ({exc.name or exc}); "
+                         f"install it, e.g. pip install 'ckptdoctor[s3]'") from None
+    except ValueError as exc:
+        raise InputError(f"{location}: {exc}") from None
+    except PermissionError:
+        raise InputError(f"{location}: permission denied") from None
+    except Exception as exc:
+        if is_transient(exc):
+            raise TransientError(f"{location}: storage unreachable: {exc}") from None
+        raise
+    if root is None:
+        # object stores: a prefix with children but no directory object still counts
+        if not st.local:
+            try:
+                if st.listdir(""):
+                    return st
+            except FileNotFoundError:
+                pass
+            except Exception as exc:
+                if is_transient(exc):
+                    raise TransientError(f"{location}: storage unreachable: {exc}") from None
+                raise
+        raise InputError(f"{location}: no such file or directory")
+    if not root.is_dir:
+        raise InputError(f"{location}: not a directory (give a checkpoint directory or a run root)")
+    if st.local and not os.access(st.abspath(""), os.R_OK | os.X_OK):
+        raise InputError(f"{location}: permission denied")
+    return st

@@ -1,0 +1,166 @@
+"""Restricted unpicklers: checkpoint pickles are data, never code.
+
+Every global a pickle names goes through `find_class`.  Only names on an allow-list resolve, and
+they resolve to inert stand-ins defined here (dataclass-like bags, a tuple for torch.Size, a
+DType name for torch dtypes).  Anything else raises RefusedGlobal naming the module and name, so
+a hostile `.metadata` or `.pt` becomes a finding instead of running `os.system`.
+"""
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any
+
+MAX_PICKLE_BYTES = 2 << 30  # a larger pickle is refused before it is read
+
+
+class RefusedGlobal(pickle.UnpicklingError):
+    def __init__(self, module: str, name: str):
+        super().__init__(f"refused global {module}.{name}")
+        self.module, self.name = module, name
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
+class Bag:
+    """Inert attribute bag standing in for a foreign class; records its original name."""
+    _cls = "?"
+
+    def __init__(self, *args, **kwargs):
+        self.__dict__["_args"] = args
+        self.__dict__.update(kwargs)
+
+    def __setstate__(self, state):
+        if isinstance(state, tuple) and len(state) == 2 and (state[0] is None or isinstance(state[0], dict)):
+            d, slots = state
+            self.__dict__.update(d or {})
+            self.__dict__.update(slots or {})
+        elif isinstance(state, dict):
+            self.__dict__.update(state)
+        else:
+            self.__dict__["_state"] = state
+
+    def get(self, key, default=None):
+        return self.__dict__.get(key, default)
+
+    def __repr__(self):
+        return f"<{self._cls} {sorted(k for k in self.__dict__ if not k.startswith('_'))}>"
+
+
+_BAGS: dict[str, type] = {}
+
+
+def bag_class(qualname: str) -> type:
+    cls = _BAGS.get(qualname)
+    if cls is None:
+        cls = type(qualname.rsplit(".", 1)[-1], (Bag,), {"_cls": qualname})
+        _BAGS[qualname] = cls
+    return cls
+
+
+class DType(str):
+    """torch dtypes pickle as GLOBAL torch.<name>: keep just the name."""
+
+
+class Size(tuple):
+    def __new__(cls, dims=()):
+        return super().__new__(cls, tuple(int(d) for d in dims))
+
+
+class MetadataIndex:
+    """Hashable on (fqn, offset) like DCP's; `index` excluded from eq/hash."""
+    __slots__ = ("fqn", "offset", "index")
+
+    def __init__(self, fqn=None, offset=None, index=None):
+        self.fqn, self.offset, self.index = fqn, offset, index
+
+    def __setstate__(self, state):
+        if isinstance(state, tuple) and len(state) == 2:
+            state = {**(state[0] or {}), **(state[1] or {})}
+        self.fqn = state.get("fqn")
+        off = state.get("offset")
+        self.offset = tuple(off) if off is not None else None
+        self.index = state.get("index")
+
+    def __hash__(self):
+        return hash((self.fqn, self.offset))
+
+    def __eq__(self, other):
+        return isinstance(other, MetadataIndex) and (self.fqn, self.offset) == (other.fqn, other.offset)
+
+
+class TensorProperties(Bag):
+    _cls = "torch.distributed.checkpoint.metadata.TensorProperties"
+
+    def __setstate__(self, state):
+        if isinstance(state, tuple) and len(state) == 5:  # torch >= 2.1 __getstate__
+            keys = ("dtype", "layout", "requires_grad", "memory_format", "pin_memory")
+            self.__dict__.update(zip(keys, state))
+        else:
+            super().__setstate__(state)
+
+
+def _identity(x=None, *a):
+    return x
+
+
+def _path(*parts):
+    return "/".join(str(p) for p in parts)
+
+
+def _enum_value(*a):
+    return a[0] if a else None
+
+
+DCP = "torch.distributed.checkpoint"
+DTYPES = {
+    "float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "uint16",
+    "uint32", "uint64", "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2",
+    "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2", "qint8", "quint8",
+    "qint32", "complex32", "half", "float", "double", "long", "int", "short",
+}
+
+DCP_ALLOW: dict[tuple[str, str], Any] = {
+    (f"{DCP}.metadata", "MetadataIndex"): MetadataIndex,
+    (f"{DCP}.metadata", "TensorProperties"): TensorProperties,
+    (f"{DCP}.metadata", "_MEM_FORMAT_ENCODING"): _enum_value,
+    ("torch", "Size"): Size,
+    ("torch.serialization", "_get_layout"): _identity,
+    ("torch", "strided"): "strided",
+    ("pathlib", "PosixPath"): _path,
+    ("pathlib", "PurePosixPath"): _path,
+    ("pathlib", "WindowsPath"): _path,
+    ("pathlib", "PureWindowsPath"): _path,
+    ("collections", "OrderedDict"): dict,
+    ("builtins", "set"): set,
+    ("builtins", "frozenset"): frozenset,
+}
+for _n in ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+           "StorageMeta"):
+    DCP_ALLOW[(f"{DCP}.metadata", _n)] = bag_class(f"{DCP}.metadata.{_n}")
+DCP_ALLOW[(f"{DCP}.filesystem", "_StorageInfo")] = bag_class(f"{DCP}.filesystem._StorageInfo")
+for _n in ("SavePlan", "WriteItem", "TensorWriteData", "ReadItem", "LoadPlan"):
+    DCP_ALLOW[(f"{DCP}.planner", _n)] = bag_class(f"{DCP}.planner.{_n}")
+DCP_ALLOW[(f"{DCP}.planner", "WriteItemType")] = _enum_value
+DCP_ALLOW[(f"{DCP}.planner", "LoadItemType")] = _enum_value
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    allow: dict[tuple[str, str], Any] = DCP_ALLOW
+
+    def find_class(self, module, name):
+        hit = self.allow.get((module, name))
+        if hit is not None:
+            return hit
+        if module == "torch" and name in DTYPES:
+            return DType(name)
+        raise RefusedGlobal(module, name)
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("persistent ids are not allowed here")
+
+
+def loads_dcp(data: bytes) -> Any:
+    return RestrictedUnpickler(io.BytesIO(data)).load()

@@ -1,0 +1,1 @@
+"""Checkpoint layouts: YAML descriptions (rules/layouts/) plus readers for binary formats."""

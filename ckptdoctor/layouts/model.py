@@ -1,0 +1,175 @@
+"""Views of what is on disk: one checkpoint directory, or a run root holding many.
+
+Views list each directory once and parse each binary file at most once (cached), so every
+check can ask for what it needs without re-reading storage.
+"""
+from __future__ import annotations
+
+import functools
+import re
+import time
+from dataclasses import dataclass, field
+
+from ..io.fs import Entry, Storage
+from ..io.unpickle import RefusedGlobal
+from . import dcp, trackers
+from .spec import Layout, match_any
+
+MAX_METADATA_BYTES = 4 << 30
+
+
+@dataclass
+class MetadataProblem:
+    file: str
+    message: str
+    refused_global: str | None = None
+
+
+class CheckpointView:
+    def __init__(self, storage: Storage, rel: str, layout: Layout, step: int | None = None,
+                 run: "RunView | None" = None):
+        self.storage, self.rel, self.layout, self.step, self.run = storage, rel, layout, step, run
+        self.display = storage.show(rel)
+        self.name = rel.rsplit("/", 1)[-1] if rel else storage.display.rstrip("/").rsplit("/", 1)[-1]
+
+    def __str__(self):
+        return self.display
+
+    def path(self, name: str) -> str:
+        return self.storage.show(self.storage.join(self.rel, name))
+
+    def relpath(self, name: str) -> str:
+        return self.storage.join(self.rel, name)
+
+    @functools.cached_property
+    def entries(self) -> dict[str, Entry]:
+        return {e.name: e for e in self.storage.listdir(self.rel)}
+
+    @property
+    def files(self) -> dict[str, Entry]:
+        return {n: e for n, e in self.entries.items() if not e.is_dir}
+
+    @property
+    def dirs(self) -> dict[str, Entry]:
+        return {n: e for n, e in self.entries.items() if e.is_dir}
+
+    def matching(self, patterns: tuple[str, ...]) -> list[Entry]:
+        return [e for n, e in sorted(self.entries.items()) if match_any(n, patterns)]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(e.size for e in self.files.values())
+
+    @property
+    def newest_mtime(self) -> float | None:
+        ms = [e.mtime for e in self.entries.values() if e.mtime]
+        return max(ms) if ms else None
+
+    # -- DCP metadata, read once ------------------------------------------------------------
+    def metadata_files(self) -> list[str]:
+        names = [n for n in self.files if n == ".metadata" or dcp.RANK_METADATA_RE.match(n)]
+        return sorted(names, key=lambda n: (n != ".metadata", n))
+
+    @functools.cached_property
+    def dcp(self) -> tuple[dcp.DcpMetadata | None, list[MetadataProblem]]:
+        names = self.metadata_files()
+        if ".metadata" in names:
+            names = [".metadata"]  # the global file wins; per-rank files are the no-collective variant
+        md: dcp.DcpMetadata | None = None
+        problems: list[MetadataProblem] = []
+        for name in names:
+            try:
+                data = self.storage.read(self.relpath(name), MAX_METADATA_BYTES)
+                md = dcp.parse(data, into=md)
+            except RefusedGlobal as exc:
+                problems.append(MetadataProblem(name, f"refused to unpickle global {exc.qualname}: "
+                                                      f"DCP metadata never references it",
+                                                exc.qualname))
+            except dcp.MetadataError as exc:
+                problems.append(MetadataProblem(name, str(exc)))
+            except ValueError as exc:
+                problems.append(MetadataProblem(name, str(exc)))
+        return md, problems
+
+
+@dataclass
+class CheckpointStatus:
+    view: CheckpointView
+    complete: bool = True
+    reasons: list[str] = field(default_factory=list)
+    findings: int = 0
+
+
+class RunView:
+    def __init__(self, storage: Storage, layout: Layout, entries: dict[str, Entry]):
+        self.storage, self.layout, self.entries = storage, layout, entries
+        self.display = storage.display
+        self.checkpoints: list[CheckpointView] = []
+        self.status: dict[str, CheckpointStatus] = {}
+
+    def __str__(self):
+        return self.display
+
+    def step_of(self, name: str) -> int | None:
+        rx = self.layout.dir_re
+        m = rx.match(name) if rx else None
+        if not m:
+            return None
+        s = m.groupdict().get("step")
+        return int(s) if s is not None else 0
+
+    def by_step(self) -> dict[int, CheckpointView]:
+        return {c.step: c for c in self.checkpoints if c.step is not None}
+
+    def complete(self) -> list[CheckpointView]:
+        return [c for c in self.checkpoints if self.status.get(c.name, CheckpointStatus(c)).complete]
+
+    def newest_complete(self) -> CheckpointView | None:
+        done = [c for c in self.complete() if c.step is not None]
+        return max(done, key=lambda c: c.step) if done else None
+
+    @functools.cached_property
+    def tracker(self):
+        """(spec, entry, TrackerValue|None) for the run layout's tracker file, read once."""
+        spec = self.layout.tracker
+        if not spec:
+            return spec, None, None
+        e = self.entries.get(spec["file"])
+        if e is None or e.is_dir:
+            return spec, e, None
+        try:
+            raw = self.storage.read(spec["file"], trackers.MAX_TRACKER_BYTES)
+        except ValueError:
+            return spec, e, trackers.TrackerValue("", None, f"tracker is larger than "
+                                                            f"{trackers.MAX_TRACKER_BYTES} bytes")
+        return spec, e, trackers.parse(spec, raw, self.checkpoint_for_tracker)
+
+    @property
+    def resume_target(self) -> str | None:
+        """What the framework will load, by its own rules (not ckptdoctor's)."""
+        policy = self.layout.resume
+        names = {c.name for c in self.checkpoints}
+        if policy == "tracker":
+            _, _, val = self.tracker
+            return val.target if val and not val.problem and val.target in names else None
+        if policy == "newest-with-marker":
+            cands = [c for c in self.checkpoints if c.step is not None and c.matching(self.layout.resume_markers)]
+            return max(cands, key=lambda c: c.step).name if cands else None
+        if policy == "newest-dir":
+            cands = [c for c in self.checkpoints if c.step is not None]
+            return max(cands, key=lambda c: c.step).name if cands else None
+        return None
+
+    def checkpoint_for_tracker(self, value: str) -> str:
+        fmt = self.layout.tracker.get("dir", "{value}")
+        try:
+            return fmt.format(step=int(value), value=value)
+        except (ValueError, KeyError):
+            return value
+
+
+def age_seconds(mtime: float | None) -> float | None:
+    return None if mtime is None else max(0.0, time.time() - mtime)
+
+
+STEP_RE = re.compile(r"(\d+)")
