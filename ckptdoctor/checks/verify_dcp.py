@@ -24,6 +24,11 @@ def _md(ck):
     return ck.dcp[0]
 
 
+def _mdpath(ck) -> str:
+    names = ck.metadata_files()
+    return ck.path(names[0] if names else ".metadata")
+
+
 def _ends(md) -> dict[str, int]:
     ends: dict[str, int] = defaultdict(int)
     for s in md.storage:
@@ -156,7 +161,7 @@ def chunk_coverage(ck, eng):
         return
     for fqn, t in md.tensors.items():
         for msg, det in coverage.problems(t.size, t.chunks):
-            yield Hit(ck.path(".metadata"), f"tensor {fqn!r}: {msg}", details={"fqn": fqn, **det},
+            yield Hit(_mdpath(ck), f"tensor {fqn!r}: {msg}", details={"fqn": fqn, **det},
                       hint="some ranks' pieces of this tensor were never saved (or saved twice); "
                            "loading it would leave uninitialised or ambiguous values")
 
@@ -213,7 +218,7 @@ def expert_collision(ck, eng):
     for tmpl, idx in sorted(indexed.items()):
         if len(idx) < want:
             missing = sorted(set(range(want)) - idx)
-            yield Hit(ck.path(".metadata"), f"{tmpl!r}: {len(idx)} of {want} experts saved "
+            yield Hit(_mdpath(ck), f"{tmpl!r}: {len(idx)} of {want} experts saved "
                                             f"(missing {missing[:8]}{'...' if len(missing) > 8 else ''})",
                       details={"key": tmpl, "saved": sorted(idx)[:64], "expected_experts": want,
                                "expected_from": source},
@@ -227,7 +232,7 @@ def expert_collision(ck, eng):
         if len(t.size) >= 2 and want not in t.size:
             cand = [d for d in t.size if d and want % d == 0 and d < want]
             if cand:
-                yield Hit(ck.path(".metadata"),
+                yield Hit(_mdpath(ck),
                           f"{f!r} has shape {list(t.size)}: no dimension holds all {want} experts "
                           f"(looks like one EP group's {cand[0]} local experts)",
                           details={"fqn": f, "global_shape": list(t.size), "expected_experts": want,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import traceback
 from typing import Any, Iterable
 
@@ -12,6 +13,7 @@ from .registry import checks_for
 from .selection import Selection
 
 log = logging.getLogger("ckptdoctor")
+_CRASH = os.environ.get("CKPTDOCTOR_TEST_CRASH")
 
 
 class Engine:
@@ -51,6 +53,8 @@ class Engine:
             if not self.selection.enabled_rule(chk.rule):
                 continue
             try:
+                if _CRASH and _CRASH == chk.rule:  # fault injection for the exit-3 contract test
+                    raise RuntimeError("injected crash (CKPTDOCTOR_TEST_CRASH)")
                 hits: Iterable[Hit] = chk.fn(subject, self, *args) or ()
                 for hit in hits:
                     f = self.emit(chk.rule, hit)

@@ -81,8 +81,9 @@ def parse(data: bytes, into: DcpMetadata | None = None) -> DcpMetadata:
         props = meta.get("properties")
         dtype = props.get("dtype") if isinstance(props, Bag) else None
         size = _ints(meta.get("size"), f"{fqn} size")
-        if fqn in md.tensors:  # per-rank metadata files each describe part of a tensor
-            md.tensors[fqn].chunks.extend(chunks)
+        if fqn in md.tensors:  # per-rank metadata files each describe part of a tensor;
+            have = set(md.tensors[fqn].chunks)  # an identical chunk is a replica, not an overlap
+            md.tensors[fqn].chunks.extend(c for c in chunks if c not in have)
         else:
             md.tensors[fqn] = TensorInfo(fqn, size, str(dtype) if dtype else None, chunks)
     for idx, info in sd.items():

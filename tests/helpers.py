@@ -1,0 +1,32 @@
+"""Assertions shared by the tests.  `assert_fires(report, "CKDnnn")` is how a test proves a rule
+fires; test_catalog.py requires one such call per catalog rule."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+
+def assert_fires(report, rule: str, *, path_contains: str | None = None, severity: str | None = None):
+    hits = [f for f in report.findings if f.rule == rule]
+    assert hits, f"{rule} did not fire; findings: {[(f.rule, f.message) for f in report.findings]}"
+    if path_contains:
+        assert any(path_contains in f.path for f in hits), [f.path for f in hits]
+    if severity:
+        assert any(f.severity == severity for f in hits), [f.severity for f in hits]
+    return hits
+
+
+def assert_no_errors(report):
+    errs = [(f.rule, f.path, f.message) for f in report.findings if f.severity == "error"]
+    assert not errs, errs
+
+
+def cli(*args, env=None, cwd=None, input=None, timeout=120):
+    """Run the real console entry point in a subprocess: (rc, stdout, stderr)."""
+    e = dict(os.environ)
+    e.pop("CKPTDOCTOR_CONFIG", None)
+    e.update(env or {})
+    p = subprocess.run([sys.executable, "-m", "ckptdoctor", *args], capture_output=True, text=True,
+                       env=e, cwd=cwd, input=input, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr

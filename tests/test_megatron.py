@@ -1,0 +1,126 @@
+"""Megatron and torchtitan run roots: trackers, markers, legacy rank grids, resume report."""
+import os
+import shutil
+
+from ckptdoctor import api
+from conftest import needs_torch
+from helpers import assert_fires, assert_no_errors
+
+pytestmark = needs_torch
+
+
+def test_healthy_run_reports_resume_target(fixture_root):
+    rep = api.verify(str(fixture_root / "megatron_run"))
+    assert rep.facts["layout"] == "megatron"
+    assert rep.facts["resume_from"] == "iter_0000200"
+    assert rep.facts["newest_complete"] == "iter_0000200"
+    assert [r["name"] for r in rep.facts["checkpoints"]] == ["iter_0000100", "iter_0000200"]
+
+
+def test_dcp_without_metadata_json_is_not_committed(real):
+    d = real("megatron_run")
+    (d / "iter_0000200" / "metadata.json").unlink()
+    rep = api.verify(str(d))
+    assert_fires(rep, "CKD101", path_contains="iter_0000200")
+    assert_fires(rep, "CKD113")  # tracker names it
+    assert rep.facts["newest_complete"] == "iter_0000100"
+
+
+def test_single_iter_dir_requires_metadata_json(real):
+    d = real("megatron_run")
+    (d / "iter_0000200" / "metadata.json").unlink()
+    rep = api.verify(str(d / "iter_0000200"))
+    assert_fires(rep, "CKD101")
+
+
+def test_tracker_missing_while_complete_checkpoints_exist(real):
+    d = real("megatron_run")
+    (d / "latest_checkpointed_iteration.txt").unlink()
+    rep = api.verify(str(d))
+    hit = assert_fires(rep, "CKD111")[0]
+    assert hit.details["newest_complete"] == "iter_0000200"
+    assert rep.facts["resume_from"] is None
+
+
+def test_tracker_empty_or_garbage(real):
+    d = real("megatron_run")
+    for content in ("", "abc", "\n"):
+        (d / "latest_checkpointed_iteration.txt").write_text(content)
+        rep = api.verify(str(d))
+        assert_fires(rep, "CKD112")
+
+
+def test_tracker_release_is_understood(real):
+    d = real("megatron_run")
+    (d / "latest_checkpointed_iteration.txt").write_text("release")
+    rep = api.verify(str(d))
+    hit = assert_fires(rep, "CKD113")[0]
+    assert hit.details["target"] == "release"
+
+
+def test_tracker_points_at_missing_and_incomplete(real):
+    d = real("megatron_run")
+    (d / "latest_checkpointed_iteration.txt").write_text("300")
+    rep = api.verify(str(d))
+    assert "does not exist" in assert_fires(rep, "CKD113")[0].message
+    (d / "latest_checkpointed_iteration.txt").write_text("200")
+    os.truncate(next((d / "iter_0000200").glob("__0_*.distcp")), 5)
+    rep = api.verify(str(d))
+    hit = assert_fires(rep, "CKD113")[0]
+    assert "incomplete" in hit.message and hit.details["newest_complete"] == "iter_0000100"
+
+
+def test_tracker_behind_newest_complete(real):
+    d = real("megatron_run")
+    (d / "latest_checkpointed_iteration.txt").write_text("100")
+    rep = api.verify(str(d))
+    assert_fires(rep, "CKD114", severity="warning")
+    assert not rep.failed()
+
+
+def test_common_pt_truncated(real):
+    d = real("megatron_run")
+    f = d / "iter_0000200" / "common.pt"
+    os.truncate(f, f.stat().st_size // 2)
+    rep = api.verify(str(d))
+    assert_fires(rep, "CKD117", path_contains="common.pt")
+
+
+def test_legacy_rank_grid(real):
+    d = real("megatron_legacy")
+    shutil.rmtree(d / "iter_0000020" / "mp_rank_01_001")
+    rep = api.verify(str(d))
+    assert_fires(rep, "CKD116", path_contains="mp_rank_01_001")
+    (d / "iter_0000010" / "mp_rank_00_001" / "model_optim_rng.pt").write_bytes(b"")
+    rep = api.verify(str(d))
+    assert any("empty" in f.message for f in assert_fires(rep, "CKD116"))
+
+
+def test_legacy_rank_file_truncated(real):
+    d = real("megatron_legacy")
+    f = d / "iter_0000020" / "mp_rank_00_000" / "model_optim_rng.pt"
+    os.truncate(f, 100)
+    rep = api.verify(str(d))
+    assert_fires(rep, "CKD117", path_contains="mp_rank_00_000")
+
+
+def test_torchtitan_resumes_from_highest_step_with_marker_even_if_broken(real):
+    d = real("titan_run")
+    os.truncate(next((d / "step-30").glob("__0_*.distcp")), 7)
+    rep = api.verify(str(d))
+    assert_fires(rep, "CKD104", path_contains="step-30")
+    assert rep.facts["resume_from"] == "step-30"       # torchtitan's own rule
+    assert rep.facts["newest_complete"] == "step-20"   # ckptdoctor's verdict
+
+
+def test_unreadable_checkpoint_dir(real):
+    if os.geteuid() == 0:
+        import pytest
+        pytest.skip("root ignores directory permissions")
+    d = real("megatron_run")
+    os.chmod(d / "iter_0000100", 0)
+    try:
+        rep = api.verify(str(d))
+        assert_fires(rep, "CKD901")
+    finally:
+        os.chmod(d / "iter_0000100", 0o755)
