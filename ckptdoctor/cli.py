@@ -219,6 +219,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"ckptdoctor {__version__}")
         sys.exit(0)
     debug = "--debug" in args
+    if os.environ.get("_CKPTDOCTOR_COMPLETE"):  # TAB completion from completions/* scripts
+        from typer._completion_classes import completion_init
+        completion_init()
     try:
         app(args=args, prog_name="ckptdoctor", standalone_mode=True)
     except SystemExit:

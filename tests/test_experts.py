@@ -18,7 +18,7 @@ def ep_run(tmp_path_factory):
     p = subprocess.run([sys.executable, str(Path(__file__).parent / "fixtures" / "ep_collision.py"), str(out),
                         "29531"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
-    ranks = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
     return out, sorted(ranks, key=lambda r: r["rank"])
 
 

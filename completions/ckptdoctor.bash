@@ -1,0 +1,10 @@
+_ckptdoctor_completion() {
+    local IFS=$'
+'
+    COMPREPLY=( $( env COMP_WORDS="${COMP_WORDS[*]}" \
+                   COMP_CWORD=$COMP_CWORD \
+                   _CKPTDOCTOR_COMPLETE=complete_bash $1 ) )
+    return 0
+}
+
+complete -o default -F _ckptdoctor_completion ckptdoctor

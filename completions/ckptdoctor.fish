@@ -1,0 +1,1 @@
+complete --command ckptdoctor --no-files --arguments "(env _CKPTDOCTOR_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=get-args _TYPER_COMPLETE_ARGS=(commandline -cp) ckptdoctor)" --condition "env _CKPTDOCTOR_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=is-args _TYPER_COMPLETE_ARGS=(commandline -cp) ckptdoctor"

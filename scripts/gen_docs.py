@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Generate man/*.1 and completions/* from the typer CLI definition.
+
+    python scripts/gen_docs.py          # rewrite the files
+    python scripts/gen_docs.py --check  # exit 1 if any generated file is stale (used by the tests)
+
+Our own roff writer walks the click command tree (typer >= 0.26 vendors click, so click-man
+would silently drop every option).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import typer  # noqa: E402
+from typer._completion_shared import get_completion_script  # noqa: E402
+
+from ckptdoctor import __version__  # noqa: E402
+from ckptdoctor.cli import app  # noqa: E402
+from ckptdoctor.engine.errors import EXIT_CODES  # noqa: E402
+
+DATE = "2026"
+
+
+def esc(s: str) -> str:
+    s = s.replace("\\", "\\\\").replace("-", "\\-")
+    return "\n".join(("\\&" + l) if l.startswith((".", "'")) else l for l in s.splitlines())
+
+
+def opt_line(p) -> tuple[str, str]:
+    names = ", ".join(f"\\fB{esc(o)}\\fR" for o in p.opts + p.secondary_opts)
+    if not p.is_flag and getattr(p, "type", None) is not None:
+        choices = getattr(p.type, "choices", None)
+        meta = "|".join(str(c.value if hasattr(c, "value") else c) for c in choices) if choices else \
+            p.type.name.upper()
+        names += f" \\fI{esc(meta)}\\fR"
+    return names, esc(p.help or "")
+
+
+def page(name: str, summary: str, synopsis: str, desc: str, params, extra: str = "") -> str:
+    out = [f'.TH "{name.upper()}" "1" "{DATE}" "ckptdoctor {__version__}" "User Commands"',
+           ".SH NAME", f"{esc(name)} \\- {esc(summary)}", ".SH SYNOPSIS", esc(synopsis),
+           ".SH DESCRIPTION", esc(desc)]
+    args = [p for p in params if p.param_type_name == "argument"]
+    opts = [p for p in params if p.param_type_name == "option"]
+    if args:
+        out.append(".SH ARGUMENTS")
+        for a in args:
+            out += [".TP", f"\\fI{esc(a.name.upper())}\\fR", esc(getattr(a, "help", "") or "")]
+    if opts:
+        out.append(".SH OPTIONS")
+        for o in opts:
+            n, h = opt_line(o)
+            out += [".TP", n, h]
+    out.append(extra)
+    return "\n".join(x for x in out if x) + "\n"
+
+
+EXIT = ".SH EXIT STATUS\n" + "\n".join(f".TP\n\\fB{c}\\fR\n{esc(t)}" for c, t in EXIT_CODES.items())
+FILES = """.SH FILES
+.TP
+\\fIckptdoctor.toml\\fR, \\fI.ckptdoctor.toml\\fR, \\fIpyproject.toml\\fR [tool.ckptdoctor]
+Configuration, found upward from the current directory (closest wins); or \\fB$CKPTDOCTOR_CONFIG\\fR, or \\fB\\-\\-config\\fR.
+.TP
+\\fIrules/CKD*.yaml\\fR, \\fIrules/layouts/*.yaml\\fR
+The rule catalog and the checkpoint layout descriptions shipped with ckptdoctor.
+.SH ENVIRONMENT
+.TP
+\\fBNO_COLOR\\fR
+Disable colour in text output.
+.TP
+\\fBCKPTDOCTOR_CONFIG\\fR
+Config file to use when \\fB\\-\\-config\\fR is not given.
+"""
+
+
+def generate() -> dict[str, str]:
+    cmd = typer.main.get_command(app)
+    files: dict[str, str] = {}
+    subs = cmd.commands
+    top_desc = ("ckptdoctor finds broken checkpoints before a relaunch and publishes them whole or not at "
+                "all. Subcommands: " + ", ".join(subs) + ". Each has its own page, e.g. ckptdoctor\\-verify(1).")
+    files["man/ckptdoctor.1"] = page("ckptdoctor", cmd.help.splitlines()[0], "ckptdoctor [--version] COMMAND [ARGS]...",
+                                     top_desc, cmd.params, EXIT + "\n" + FILES + "\n.SH SEE ALSO\n" +
+                                     ", ".join(f"ckptdoctor\\-{s}(1)" for s in subs))
+    for sname, sub in subs.items():
+        synopsis = f"ckptdoctor {sname} [OPTIONS]" + "".join(
+            f" {p.name.upper()}" for p in sub.params if p.param_type_name == "argument")
+        files[f"man/ckptdoctor-{sname}.1"] = page(f"ckptdoctor-{sname}", (sub.help or "").splitlines()[0],
+                                                  synopsis, sub.help or "", sub.params,
+                                                  EXIT + "\n.SH SEE ALSO\nckptdoctor(1)")
+    for shell, fname in (("bash", "completions/ckptdoctor.bash"), ("zsh", "completions/_ckptdoctor"),
+                         ("fish", "completions/ckptdoctor.fish")):
+        files[fname] = get_completion_script(prog_name="ckptdoctor", complete_var="_CKPTDOCTOR_COMPLETE",
+                                             shell=shell).rstrip() + "\n"
+    return files
+
+
+def main(argv) -> int:
+    files = generate()
+    stale = [f for f, text in files.items() if not (ROOT / f).is_file() or (ROOT / f).read_text() != text]
+    if "--check" in argv:
+        if stale:
+            print("stale generated files (run python scripts/gen_docs.py): " + ", ".join(stale))
+            return 1
+        return 0
+    for f, text in files.items():
+        (ROOT / f).parent.mkdir(exist_ok=True)
+        (ROOT / f).write_text(text)
+    print(f"wrote {len(files)} files")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

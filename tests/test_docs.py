@@ -1,0 +1,42 @@
+"""Generated man pages and completions are current, and document every option."""
+import subprocess
+import sys
+from pathlib import Path
+
+import typer
+
+from ckptdoctor.cli import app
+from helpers import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_generated_files_are_current():
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_docs.py"), "--check"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_every_option_of_every_command_is_in_its_man_page():
+    cmd = typer.main.get_command(app)
+    for name, sub in cmd.commands.items():
+        text = (ROOT / "man" / f"ckptdoctor-{name}.1").read_text()
+        for p in sub.params:
+            for opt in p.opts if p.param_type_name == "option" else ():
+                assert opt.replace("-", "\\-") in text, (name, opt)
+    top = (ROOT / "man" / "ckptdoctor.1").read_text()
+    assert ".SH EXIT STATUS" in top and ".SH FILES" in top and "\\fB75\\fR" in top
+
+
+def test_zsh_and_fish_scripts_are_for_their_shells():
+    assert (ROOT / "completions" / "_ckptdoctor").read_text().startswith("#compdef ckptdoctor")
+    assert "complete -c ckptdoctor" in (ROOT / "completions" / "ckptdoctor.fish").read_text() or \
+        "complete --command ckptdoctor" in (ROOT / "completions" / "ckptdoctor.fish").read_text()
+    assert "complete -o" in (ROOT / "completions" / "ckptdoctor.bash").read_text() or \
+        "complete " in (ROOT / "completions" / "ckptdoctor.bash").read_text()
+
+
+def test_runtime_completion_answers():
+    rc, out, _ = cli(env={"_CKPTDOCTOR_COMPLETE": "complete_bash", "COMP_WORDS": "ckptdoctor verify --fo",
+                          "COMP_CWORD": "2"})
+    assert "--format" in out
