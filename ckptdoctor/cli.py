@@ -104,6 +104,12 @@ def verify(
                                               "CKD109 (default: from config.json)."),
     mtime_tolerance: Optional[float] = typer.Option(None, "--mtime-tolerance", help="Seconds a shard may "
                                                     "be newer than its marker before CKD107 fires [default: 2]."),
+    checksums: bool = typer.Option(False, "--checksums", help="Also re-hash every file against the "
+                                   "manifest (ckptdoctor.manifest.json or Megatron integrity.json); no "
+                                   "manifest is an error."),
+    slice_: Optional[str] = typer.Option(None, "--slice", help="With --checksums: hash only slice K of N "
+                                         "(K/N, e.g. $SLURM_PROCID/$SLURM_NTASKS); combine with `ckptdoctor merge`."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Hashing threads [default: 2 x cores, max 8]."),
     select: Optional[List[str]] = SelectOpt, ignore: Optional[List[str]] = IgnoreOpt,
     fail_on: Optional[Level] = FailOnOpt, severity: Optional[List[str]] = SeverityOpt,
     config: Optional[str] = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
@@ -112,10 +118,50 @@ def verify(
     """Check a checkpoint or run root: completeness, sizes, markers, trackers, coverage. Read-only."""
     _logging(quiet, debug)
     from .commands import verify as flow
+    sl = _parse_slice(slice_, checksums)
     eng = _engine("verify", path, select, ignore, fail_on, severity, config, isolated, debug,
-                  {"num_experts": num_experts, "mtime_tolerance": mtime_tolerance})
+                  {"num_experts": num_experts, "mtime_tolerance": mtime_tolerance, "checksums": checksums,
+                   "slice": sl, "workers": workers, "quiet": quiet})
     flow.run(path, eng, layout=layout)
     _finish(eng, format)
+
+
+def _parse_slice(value: Optional[str], checksums: bool):
+    if value is None:
+        return None
+    k, sep, n = value.partition("/")
+    try:
+        k, n = int(k), int(n)
+    except ValueError:
+        raise UsageError(f"--slice {value!r}: expected K/N, e.g. 0/4") from None
+    if not sep or n < 1 or not 0 <= k < n:
+        raise UsageError(f"--slice {value!r}: need 0 <= K < N")
+    if not checksums:
+        raise UsageError("--slice only makes sense with --checksums")
+    return (k, n)
+
+
+@app.command(rich_help_panel="Inspection")
+def manifest(path: str = typer.Argument(..., help="One checkpoint directory (local)."),
+             workers: Optional[int] = typer.Option(None, "--workers", help="Hashing threads."),
+             quiet: bool = QuietOpt):
+    """Hash a checkpoint and write ckptdoctor.manifest.json into it (a new file, atomically)."""
+    from .commands.manifest import write_manifest
+    target, nfiles, nbytes = write_manifest(path, workers=workers, quiet=quiet)
+    print(f"wrote {target}: {nfiles} files, {nbytes} bytes")
+
+
+@app.command(rich_help_panel="Inspection")
+def merge(reports: List[str] = typer.Argument(..., help="JSON reports of `verify --checksums --slice K/N`."),
+          fail_on: Optional[Level] = FailOnOpt, format: Fmt = FormatOpt):
+    """Combine slice reports into one verdict; every slice 0..N-1 must be present."""
+    from .commands.merge import merge as do_merge
+    from .report import render
+    rep = do_merge(reports)
+    if fail_on:
+        rep.fail_on = fail_on.value
+    render(rep, format.value, sys.stdout)
+    raise typer.Exit(1 if rep.failed() else 0)
 
 
 def _not_landed(command: str, issue: int):

@@ -85,11 +85,15 @@ def run(location: str, engine: Engine, layout: str | None = None) -> Report:
                                        "(see `ckptdoctor layouts`)"))
         return rep
     kind, view = what
+    if engine.opt("slice"):
+        k, n = engine.opt("slice")
+        rep.facts["slice"] = {"k": k, "n": n, "units": 0, "bytes": 0}
     rep.facts["kind"] = kind
     rep.facts["layout"] = view.layout.name
     if kind == "checkpoint":
         status = check_checkpoint(engine, view)
         rep.facts["checkpoints"] = [_row(status)]
+        _slice_stats(engine, rep)
         return rep
     runv: RunView = view
     for ck in runv.checkpoints:
@@ -99,11 +103,20 @@ def run(location: str, engine: Engine, layout: str | None = None) -> Report:
     rep.facts["checkpoints"] = [_row(runv.status[c.name]) for c in runv.checkpoints]
     rep.facts["newest_complete"] = newest.name if newest else None
     rep.facts["resume_from"] = runv.resume_target
+    _slice_stats(engine, rep)
     for f in rep.findings:  # tell users of a broken checkpoint what to use instead
         if f.severity == "error" and newest and f.path.startswith(st.show("")) and newest.display not in f.path:
             if f.rule in ("CKD101", "CKD102") and not (f.hint or "").endswith("."):
                 f.hint = (f.hint + "; " if f.hint else "") + f"newest complete checkpoint: {newest.name}."
     return rep
+
+
+def _slice_stats(engine, rep):
+    sl = rep.facts.get("slice")
+    if sl is not None:
+        for res in engine.__dict__.get("_content_cache", {}).values():
+            sl["units"] += res.units
+            sl["bytes"] += res.bytes
 
 
 def _row(s: CheckpointStatus) -> dict:

@@ -1,0 +1,134 @@
+"""Content verification against the checkpoint manifest (and Megatron's integrity.json).
+
+Enabled by `verify --checksums`.  Fail closed: no manifest is an error, not a pass.  Missing,
+extra and changed files are separate findings.  `--slice K/N` hashes a deterministic 1/N of the
+work (files and 64 MiB ranges of large files) so N nodes can share a large checkpoint.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..engine.finding import Hit
+from ..engine.registry import check
+from ..io import hashing
+from ..layouts import manifest as mf
+
+
+@dataclass
+class ContentResult:
+    sources: list[str] = field(default_factory=list)
+    problems: list[tuple[str, str]] = field(default_factory=list)      # (source, message)
+    changed: list[dict] = field(default_factory=list)
+    missing: list[tuple[str, str]] = field(default_factory=list)       # (rel, source)
+    extra: list[tuple[str, str]] = field(default_factory=list)
+    units: int = 0
+    bytes: int = 0
+
+
+def _walk(ck, rel="", depth=0) -> dict[str, int]:
+    out = {}
+    for e in ck.storage.listdir(ck.storage.join(ck.rel, rel)):
+        sub = f"{rel}/{e.name}" if rel else e.name
+        if e.is_dir and depth < 8:
+            out.update(_walk(ck, sub, depth + 1))
+        elif not e.is_dir:
+            out[sub] = e.size
+    return out
+
+
+def content(ck, eng) -> ContentResult | None:
+    if not eng.opt("checksums"):
+        return None
+    cache = eng.__dict__.setdefault("_content_cache", {})
+    if ck.display in cache:
+        return cache[ck.display]
+    res = ContentResult()
+    cache[ck.display] = res
+    on_disk = _walk(ck)
+    k, n = eng.opt("slice", (0, 1))
+    work: list[tuple[hashing.Unit, mf.Expected, str]] = []
+    for source in (mf.NAME, mf.INTEGRITY):
+        if source not in on_disk:
+            continue
+        res.sources.append(source)
+        try:
+            expected = mf.parse(ck.storage.read(ck.relpath(source), mf.MAX_MANIFEST_BYTES), source)
+        except (mf.ManifestError, ValueError) as exc:
+            res.problems.append((source, str(exc)))
+            continue
+        listed = set(expected)
+        for rel in sorted(set(on_disk) - listed - {mf.NAME, mf.INTEGRITY}):
+            res.extra.append((rel, source))
+        for rel, exp in sorted(expected.items()):
+            if rel not in on_disk:
+                res.missing.append((rel, source))
+                continue
+            size = on_disk[rel]
+            if exp.size is not None and size != exp.size:
+                res.changed.append({"file": rel, "source": source, "expected_bytes": exp.size,
+                                    "actual_bytes": size, "why": "size differs"})
+                continue
+            us = hashing.units_for(rel, size, exp.algorithm, exp.chunk_bytes or hashing.CHUNK_BYTES)
+            work += [(u, exp, source) for u in us]
+    mine = set(hashing.partition([w[0] for w in work], k, n))
+    work = [w for w in work if w[0] in mine]
+    res.units = len(work)
+    res.bytes = sum(w[0].length for w in work)
+    if work:
+        from ..report.progress import Progress
+        prog = Progress(res.bytes, f"hashing {ck.name}", enabled=not eng.opt("quiet", False))
+        digests = hashing.hash_units(ck.storage, [w[0] for w in work], eng.opt("workers"), prog)
+        prog.close()
+        for u, exp, source in work:
+            got, nread = digests[u]
+            want = exp.digests[u.index]
+            if got != want or nread != u.length:
+                res.changed.append({"file": u.rel, "source": source, "algorithm": u.algorithm,
+                                    "range": [u.start, u.start + u.length], "expected": want,
+                                    "actual": got, "why": "content differs" if nread == u.length
+                                    else "file changed while reading"})
+    return res
+
+
+@check("CKD150", "checkpoint")
+def manifest_missing(ck, eng):
+    res = content(ck, eng)
+    if res is not None and not res.sources:
+        yield Hit(ck.display, f"--checksums: no {mf.NAME} (or {mf.INTEGRITY}) in this checkpoint, so its "
+                              f"content cannot be verified", details={"expected": [mf.NAME, mf.INTEGRITY]},
+                  hint="write one from a known-good copy with `ckptdoctor manifest PATH` (or publish with "
+                       "`ckptdoctor publish`)")
+
+
+@check("CKD151", "checkpoint")
+def checksum_mismatch(ck, eng):
+    res = content(ck, eng)
+    for d in (res.changed if res else []):
+        where = f" bytes {d['range'][0]}-{d['range'][1]}" if "range" in d else ""
+        yield Hit(ck.path(d["file"]), f"{d['file']}: {d['why']}{where} (vs {d['source']})", details=d,
+                  hint="the file is not what was saved (bit flip, partial copy, or a file from another "
+                       "run); re-copy it from the source")
+
+
+@check("CKD152", "checkpoint")
+def listed_file_missing(ck, eng):
+    res = content(ck, eng)
+    for rel, source in (res.missing if res else []):
+        yield Hit(ck.path(rel), f"{rel} is listed in {source} but does not exist",
+                  details={"file": rel, "source": source})
+
+
+@check("CKD153", "checkpoint")
+def unlisted_file(ck, eng):
+    res = content(ck, eng)
+    for rel, source in (res.extra if res else []):
+        yield Hit(ck.path(rel), f"{rel} is not listed in {source}", details={"file": rel, "source": source},
+                  hint="added after the manifest was written; remove it or rewrite the manifest if intended")
+
+
+@check("CKD154", "checkpoint")
+def manifest_unreadable(ck, eng):
+    res = content(ck, eng)
+    for source, msg in (res.problems if res else []):
+        yield Hit(ck.path(source), f"{source}: {msg}", details={"file": source},
+                  hint="the manifest itself is corrupt; content cannot be verified against it")

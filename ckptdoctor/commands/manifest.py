@@ -1,0 +1,47 @@
+"""`ckptdoctor manifest PATH`: hash an existing checkpoint and write its manifest (new file only)."""
+from __future__ import annotations
+
+import datetime
+import os
+
+from .. import __version__
+from ..checks.verify_checksums import _walk
+from ..engine.errors import InputError, UsageError
+from ..io import atomic, hashing
+from ..io.fs import open_location
+from ..layouts import manifest as mf
+from ..report.progress import Progress
+from .verify import build
+
+
+def write_manifest(path: str, *, workers: int | None = None, quiet: bool = False,
+                   chunk_bytes: int = hashing.CHUNK_BYTES) -> tuple[str, int, int]:
+    st = open_location(path)
+    if not st.local:
+        raise UsageError(f"{path}: writing manifests to object stores is done by `ckptdoctor publish`")
+    what = build(st, None)
+    if what is None or what[0] != "checkpoint":
+        raise UsageError(f"{path}: not a checkpoint directory (give one checkpoint, not a run root)")
+    ck = what[1]
+    target = os.path.join(st.abspath(""), mf.NAME)
+    if os.path.exists(target):
+        raise UsageError(f"{target}: already exists; refusing to replace a manifest")
+    files = {rel: size for rel, size in _walk(ck).items() if rel != mf.NAME}
+    units = [u for rel, size in files.items() for u in hashing.units_for(rel, size, chunk=chunk_bytes)]
+    total = sum(files.values())
+    prog = Progress(total, f"hashing {ck.name}", enabled=not quiet)
+    digests = hashing.hash_units(st, units, workers, prog)
+    prog.close()
+    for u, (_, nread) in digests.items():
+        if nread != u.length:
+            raise InputError(f"{st.show(u.rel)}: file changed while hashing; nothing written")
+    data = mf.build(files, {(u.rel, u.index): d for u, (d, _) in digests.items()}, chunk_bytes=chunk_bytes,
+                    layout=ck.layout.name, tool=f"ckptdoctor {__version__}",
+                    created=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    try:
+        atomic.write_new(target, data)
+    except FileExistsError:
+        raise UsageError(f"{target}: appeared while hashing; refusing to replace it") from None
+    except PermissionError:
+        raise InputError(f"{target}: permission denied") from None
+    return target, len(files), total

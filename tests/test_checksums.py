@@ -1,0 +1,140 @@
+"""verify --checksums, the manifest, Megatron integrity.json, slices and merge."""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ckptdoctor import api
+from ckptdoctor.commands.manifest import write_manifest
+from ckptdoctor.io import hashing
+from ckptdoctor.layouts import dcp_writer as W
+from helpers import assert_fires, assert_no_errors, cli
+
+
+@pytest.fixture
+def ck(tmp_path):
+    d = tmp_path / "ck"
+    items = [W.Item(f"layers.{i}.w", (64, 64), (0, 0), (64, 64), [float(i)] * 4096, rank=i % 3)
+             for i in range(6)]
+    W.write(str(d), items)
+    return d
+
+
+def verify(d, **kw):
+    return api.verify(str(d), checksums=True, **kw)
+
+
+def test_manifest_roundtrip_is_clean_and_records_every_file(ck):
+    target, nfiles, nbytes = write_manifest(str(ck), quiet=True)
+    doc = json.loads(open(target).read())
+    assert doc["schema"] == "ckptdoctor.manifest/v1" and doc["algorithm"] == "xxh3-128"
+    assert set(doc["files"]) == {".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp"}
+    assert doc["layout"] == "dcp" and doc["tool"].startswith("ckptdoctor ")
+    assert_no_errors(verify(ck))
+    assert verify(ck).findings == []
+
+
+def test_bit_flip_same_size_names_the_file(ck):
+    write_manifest(str(ck), quiet=True)
+    f = ck / "__1_0.distcp"
+    data = bytearray(f.read_bytes())
+    pos = data.find(b"\x00\x00\x80\x3f" * 8) + 100  # inside layer 1's tensor bytes (1.0f)
+    data[pos] ^= 0x01
+    f.write_bytes(bytes(data))
+    rep = verify(ck)
+    hit = assert_fires(rep, "CKD151", path_contains="__1_0.distcp")[0]
+    assert hit.details["why"] == "content differs"
+    assert [f.rule for f in rep.findings] == ["CKD151"]  # structurally still fine: only content caught it
+
+
+def test_truncated_missing_and_extra_are_separate_findings(ck):
+    write_manifest(str(ck), quiet=True)
+    os.truncate(ck / "__0_0.distcp", 100)
+    (ck / "__2_0.distcp").unlink()
+    (ck / "notes.txt").write_text("hi")
+    rep = verify(ck)
+    assert assert_fires(rep, "CKD151", path_contains="__0_0")[0].details["why"] == "size differs"
+    assert_fires(rep, "CKD152", path_contains="__2_0.distcp")
+    assert_fires(rep, "CKD153", path_contains="notes.txt", severity="warning")
+
+
+def test_no_manifest_fails_closed(ck):
+    rep = verify(ck)
+    assert_fires(rep, "CKD150")
+    assert rep.failed()
+    assert "CKD150" not in api.verify(str(ck)).rules()  # only under --checksums
+
+
+def test_corrupt_manifest_is_a_clear_finding(ck):
+    (ck / "ckptdoctor.manifest.json").write_text('{"schema": "ckptdoctor.manifest/v1", "files": ')
+    rc, out, err = cli("verify", "--checksums", "-f", "json", str(ck))
+    assert rc == 1 and "Traceback" not in err
+    assert [f["rule"] for f in json.loads(out)["findings"]] == ["CKD154"]
+
+
+def test_manifest_command_never_replaces(ck):
+    assert cli("manifest", "-q", str(ck))[0] == 0
+    rc, _, err = cli("manifest", str(ck))
+    assert rc == 2 and "already exists" in err
+
+
+def test_megatron_integrity_json_sha256(ck):
+    files = {n: hashlib.sha256((ck / n).read_bytes()).hexdigest() for n in (".metadata", "__0_0.distcp",
+                                                                          "__1_0.distcp")}
+    (ck / "integrity.json").write_text(json.dumps({"algorithm": "sha256", "files": files}))
+    rep = verify(ck)
+    assert_fires(rep, "CKD153", path_contains="__2_0.distcp")  # not listed by integrity.json
+    assert "CKD151" not in rep.rules()
+    f = ck / "__0_0.distcp"
+    data = bytearray(f.read_bytes())
+    data[-30] ^= 0xFF
+    f.write_bytes(bytes(data))
+    hit = assert_fires(verify(ck), "CKD151", path_contains="__0_0.distcp")[0]
+    assert hit.details["source"] == "integrity.json" and hit.details["algorithm"] == "sha256"
+
+
+def test_partition_covers_every_byte_exactly_once():
+    units = hashing.units_for("a", 10_000_000, chunk=1 << 20) + hashing.units_for("b", 5, chunk=1 << 20) + \
+        hashing.units_for("c", 3_000_000, chunk=1 << 20)
+    for n in (1, 2, 3, 7):
+        parts = [hashing.partition(units, k, n) for k in range(n)]
+        flat = [u for p in parts for u in p]
+        assert sorted(flat) == sorted(units) and len(set(flat)) == len(units)
+        per_file = {}
+        for u in flat:
+            per_file.setdefault(u.rel, []).append((u.start, u.length))
+        for rel, spans in per_file.items():
+            spans.sort()
+            assert spans[0][0] == 0
+            assert all(a + la == b for (a, la), (b, _) in zip(spans, spans[1:]))
+
+
+def test_slices_in_separate_processes_merge_to_the_full_verdict(ck, tmp_path):
+    write_manifest(str(ck), quiet=True, chunk_bytes=4096)  # many ranges, so slices split files
+    f = ck / "__2_0.distcp"
+    data = bytearray(f.read_bytes())
+    data[5000] ^= 0x10
+    f.write_bytes(bytes(data))
+    procs = [subprocess.Popen([sys.executable, "-m", "ckptdoctor", "verify", "--checksums", "-q", "--slice",
+                               f"{k}/3", "-f", "json", str(ck)], stdout=subprocess.PIPE, text=True)
+             for k in range(3)]
+    reports = []
+    for k, p in enumerate(procs):
+        out, _ = p.communicate(timeout=120)
+        path = tmp_path / f"slice{k}.json"
+        path.write_text(out)
+        reports.append(str(path))
+    sl = [json.loads(open(r).read())["facts"]["slice"] for r in reports]
+    total = sum(os.path.getsize(ck / n) for n in os.listdir(ck) if n != "ckptdoctor.manifest.json")
+    assert sum(s["bytes"] for s in sl) == total          # every byte hashed exactly once
+    assert all(s["units"] > 0 for s in sl)
+    rc, out, _ = cli("merge", "-f", "json", *reports)
+    doc = json.loads(out)
+    assert rc == 1 and doc["facts"]["bytes_hashed"] == total
+    hits = [x for x in doc["findings"] if x["rule"] == "CKD151"]
+    assert len(hits) == 1 and hits[0]["details"]["range"] == [4096, 8192]
+    rc, _, err = cli("merge", reports[0], reports[2])
+    assert rc == 2 and "missing" in err
