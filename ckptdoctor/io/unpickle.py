@@ -25,22 +25,16 @@ class RefusedGlobal(pickle.UnpicklingError):
 
 
 class Bag:
-    """Inert attribute bag standing in for a foreign class; records its original name."""
+    """Inert attribute bag standing in for a foreign class; records its original name.
+
+    No __setstate__: pickle's BUILD then updates __dict__ in C, which matters at a million
+    storage records.  A non-dict state is kept under `_state`.
+    """
     _cls = "?"
 
     def __init__(self, *args, **kwargs):
         self.__dict__["_args"] = args
         self.__dict__.update(kwargs)
-
-    def __setstate__(self, state):
-        if isinstance(state, tuple) and len(state) == 2 and (state[0] is None or isinstance(state[0], dict)):
-            d, slots = state
-            self.__dict__.update(d or {})
-            self.__dict__.update(slots or {})
-        elif isinstance(state, dict):
-            self.__dict__.update(state)
-        else:
-            self.__dict__["_state"] = state
 
     def get(self, key, default=None):
         return self.__dict__.get(key, default)
@@ -64,42 +58,25 @@ class DType(str):
     """torch dtypes pickle as GLOBAL torch.<name>: keep just the name."""
 
 
-class Size(tuple):
-    def __new__(cls, dims=()):
-        return super().__new__(cls, tuple(int(d) for d in dims))
-
-
-class MetadataIndex:
-    """Hashable on (fqn, offset) like DCP's; `index` excluded from eq/hash."""
-    __slots__ = ("fqn", "offset", "index")
-
-    def __init__(self, fqn=None, offset=None, index=None):
-        self.fqn, self.offset, self.index = fqn, offset, index
-
-    def __setstate__(self, state):
-        if isinstance(state, tuple) and len(state) == 2:
-            state = {**(state[0] or {}), **(state[1] or {})}
-        self.fqn = state.get("fqn")
-        off = state.get("offset")
-        self.offset = tuple(off) if off is not None else None
-        self.index = state.get("index")
-
-    def __hash__(self):
-        return hash((self.fqn, self.offset))
-
-    def __eq__(self, other):
-        return isinstance(other, MetadataIndex) and (self.fqn, self.offset) == (other.fqn, other.offset)
+class MetadataIndex(Bag):
+    """DCP's MetadataIndex.  Identity hash on purpose: keys in a pickled dict were unique when
+    saved, and a Python-level __hash__ would cost a call per storage record."""
+    _cls = "torch.distributed.checkpoint.metadata.MetadataIndex"
 
 
 class TensorProperties(Bag):
     _cls = "torch.distributed.checkpoint.metadata.TensorProperties"
 
     def __setstate__(self, state):
-        if isinstance(state, tuple) and len(state) == 5:  # torch >= 2.1 __getstate__
-            keys = ("dtype", "layout", "requires_grad", "memory_format", "pin_memory")
-            self.__dict__.update(zip(keys, state))
-        else:
-            super().__setstate__(state)
+        # torch >= 2.1 pickles a 5-tuple (dtype, layout, requires_grad, memory_format, pin_memory);
+        # older torch a __dict__.  Keep it raw: only `dtype` is ever read (see dtype()).
+        self.__dict__["_state"] = state
+
+    def dtype(self):
+        st = self.__dict__.get("_state")
+        if isinstance(st, tuple) and st:
+            return st[0]
+        return st.get("dtype") if isinstance(st, dict) else None
 
 
 def _identity(x=None, *a):
@@ -126,7 +103,7 @@ DCP_ALLOW: dict[tuple[str, str], Any] = {
     (f"{DCP}.metadata", "MetadataIndex"): MetadataIndex,
     (f"{DCP}.metadata", "TensorProperties"): TensorProperties,
     (f"{DCP}.metadata", "_MEM_FORMAT_ENCODING"): _enum_value,
-    ("torch", "Size"): Size,
+    ("torch", "Size"): tuple,  # REDUCE Size((3, 4)) -> (3, 4), in C
     ("torch.serialization", "_get_layout"): _identity,
     ("torch", "strided"): "strided",
     ("pathlib", "PosixPath"): _path,

@@ -21,8 +21,10 @@ def _overlap(a: Chunk, b: Chunk) -> bool:
 
 def problems(size: tuple[int, ...], chunks: list[Chunk]) -> list[tuple[str, dict]]:
     """List of (message, details); empty when the chunks cover `size` exactly once."""
-    out: list[tuple[str, dict]] = []
     nd = len(size)
+    if len(chunks) == 1 and chunks[0][1] == size and not any(chunks[0][0]):
+        return []  # the common unsharded case: one chunk that is the whole tensor
+    out: list[tuple[str, dict]] = []
     good: list[Chunk] = []
     for off, sz in chunks:
         if len(off) != nd or len(sz) != nd:

@@ -4,11 +4,12 @@ Produces compact plain-Python records; nothing here imports torch or runs pickle
 """
 from __future__ import annotations
 
+import operator
 import pickle
 import re
 from dataclasses import dataclass, field
 
-from ..io.unpickle import Bag, MetadataIndex, RefusedGlobal, loads_dcp
+from ..io.unpickle import Bag, MetadataIndex, RefusedGlobal, TensorProperties, loads_dcp
 
 SHARD_RE = re.compile(r"^__(?P<rank>\d+)_(?P<n>\d+)\.distcp$")
 RANK_METADATA_RE = re.compile(r"^__(?P<rank>\d+)\.metadata$")
@@ -44,9 +45,13 @@ class DcpMetadata:
 
 
 def _ints(v, what: str) -> tuple[int, ...]:
-    if not isinstance(v, (tuple, list)) or not all(isinstance(x, int) and x >= 0 for x in v):
-        raise MetadataError(f"{what} is not a tuple of non-negative ints: {v!r:.80}")
-    return tuple(v)
+    try:
+        t = tuple(map(operator.index, v))  # C-level: rejects floats, strings, None
+        if t and min(t) < 0:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise MetadataError(f"{what} is not a tuple of non-negative ints: {v!r:.80}") from None
+    return t
 
 
 def parse(data: bytes, into: DcpMetadata | None = None) -> DcpMetadata:
@@ -61,9 +66,10 @@ def parse(data: bytes, into: DcpMetadata | None = None) -> DcpMetadata:
     if not isinstance(obj, Bag) or not obj._cls.endswith(".Metadata"):
         raise MetadataError(f"pickle holds {type(obj).__name__}, not DCP Metadata")
     md = into or DcpMetadata()
-    md.version = obj.get("version") or md.version
-    sdm = obj.get("state_dict_metadata")
-    sd = obj.get("storage_data")
+    od = obj.__dict__
+    md.version = od.get("version") or md.version
+    sdm = od.get("state_dict_metadata")
+    sd = od.get("storage_data")
     if not isinstance(sdm, dict) or not isinstance(sd, dict):
         raise MetadataError("Metadata lacks state_dict_metadata or storage_data")
     for fqn, meta in sdm.items():
@@ -73,14 +79,16 @@ def parse(data: bytes, into: DcpMetadata | None = None) -> DcpMetadata:
             md.byte_keys.add(fqn)
             continue
         chunks = []
-        for ch in meta.get("chunks") or []:
+        md_ = meta.__dict__
+        for ch in md_.get("chunks") or []:
             if not isinstance(ch, Bag):
                 raise MetadataError(f"{fqn}: bad chunk record")
-            chunks.append((_ints(ch.get("offsets"), f"{fqn} chunk offsets"),
-                           _ints(ch.get("sizes"), f"{fqn} chunk sizes")))
-        props = meta.get("properties")
-        dtype = props.get("dtype") if isinstance(props, Bag) else None
-        size = _ints(meta.get("size"), f"{fqn} size")
+            cd = ch.__dict__
+            chunks.append((_ints(cd.get("offsets"), f"{fqn} chunk offsets"),
+                           _ints(cd.get("sizes"), f"{fqn} chunk sizes")))
+        props = md_.get("properties")
+        dtype = props.dtype() if isinstance(props, TensorProperties) else None
+        size = _ints(md_.get("size"), f"{fqn} size")
         if fqn in md.tensors:  # per-rank metadata files each describe part of a tensor;
             have = set(md.tensors[fqn].chunks)  # an identical chunk is a replica, not an overlap
             md.tensors[fqn].chunks.extend(c for c in chunks if c not in have)
@@ -89,9 +97,14 @@ def parse(data: bytes, into: DcpMetadata | None = None) -> DcpMetadata:
     for idx, info in sd.items():
         if not isinstance(idx, MetadataIndex) or not isinstance(info, Bag):
             raise MetadataError("bad storage_data entry")
-        rel, off, length = info.get("relative_path"), info.get("offset"), info.get("length")
+        idd, ind = idx.__dict__, info.__dict__
+        rel, off, length = ind.get("relative_path"), ind.get("offset"), ind.get("length")
         if not isinstance(rel, str) or not isinstance(off, int) or not isinstance(length, int) \
                 or off < 0 or length < 0 or "/" in rel or rel in ("", ".", ".."):
-            raise MetadataError(f"bad storage record for {idx.fqn!r:.60}: {rel!r:.40} @{off!r}+{length!r}")
-        md.storage.append(StorageEntry(idx.fqn, idx.offset, rel, off, length))
+            raise MetadataError(f"bad storage record for {idx.get('fqn')!r:.60}: {rel!r:.40} @{off!r}+{length!r}")
+        fqn = idd.get("fqn")
+        ioff = idd.get("offset")
+        if not isinstance(fqn, str):
+            raise MetadataError("storage record without an fqn")
+        md.storage.append(StorageEntry(fqn, tuple(ioff) if ioff is not None else None, rel, off, length))
     return md
