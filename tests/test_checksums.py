@@ -73,6 +73,7 @@ def test_corrupt_manifest_is_a_clear_finding(ck):
     rc, out, err = cli("verify", "--checksums", "-f", "json", str(ck))
     assert rc == 1 and "Traceback" not in err
     assert [f["rule"] for f in json.loads(out)["findings"]] == ["CKD154"]
+    assert "not valid JSON" in assert_fires(verify(ck), "CKD154")[0].message
 
 
 def test_manifest_command_never_replaces(ck):
