@@ -71,4 +71,24 @@ def run_demo(directory: str | None, fmt: str = "text") -> int:
                   "truncated under a valid .metadata,\nso the job would crash at load (or worse). "
                   "iter_0000100 is the newest checkpoint that will load; repoint the tracker there.\n"
                   "Try: ckptdoctor rules CKD104   |   ckptdoctor verify --format json " + run + "\n")
-    return 0 if eng.report.failed() else 1  # the demo succeeds when the doctor catches the faults
+    caught = eng.report.failed()
+    # scene 2: content verification -- a manifest, then a bit flip that keeps every size intact
+    from .commands.manifest import write_manifest
+    good = os.path.join(run, "iter_0000100")
+    write_manifest(good, quiet=True)
+    shard = os.path.join(good, "__1_0.distcp")
+    with open(shard, "r+b") as fh:
+        fh.seek(os.path.getsize(shard) - 200)
+        b = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([b[0] ^ 0x01]))
+    if fmt == "text":
+        out.write(f"\n$ ckptdoctor manifest {good}      # done before the fault below\n"
+                  f"# injected fault: one bit flipped in {shard} (same size, structure intact)\n"
+                  f"$ ckptdoctor verify --checksums {good}\n")
+    eng2 = _engine("verify", good, None, None, None, None, None, True, False)
+    eng2.options.update(checksums=True, quiet=True)
+    flow.run(good, eng2)
+    render(eng2.report, fmt, out)
+    caught = caught and "CKD151" in eng2.report.rules()
+    return 0 if caught else 1  # the demo succeeds when the doctor catches every injected fault
