@@ -39,7 +39,7 @@ def _walk(ck, rel="", depth=0) -> dict[str, int]:
 def content(ck, eng) -> ContentResult | None:
     if not eng.opt("checksums"):
         return None
-    cache = eng.__dict__.setdefault("_content_cache", {})
+    cache = eng.cache.setdefault("content", {})
     if ck.display in cache:
         return cache[ck.display]
     res = ContentResult()

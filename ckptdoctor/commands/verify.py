@@ -114,7 +114,7 @@ def run(location: str, engine: Engine, layout: str | None = None) -> Report:
 def _slice_stats(engine, rep):
     sl = rep.facts.get("slice")
     if sl is not None:
-        for res in engine.__dict__.get("_content_cache", {}).values():
+        for res in engine.cache.get("content", {}).values():
             sl["units"] += res.units
             sl["bytes"] += res.bytes
 

@@ -25,6 +25,7 @@ class Engine:
         self.debug = debug
         self.internal_errors = 0
         self._seen: set[tuple] = set()
+        self.cache: dict[str, dict] = {}  # per-run results shared between checks, by area
 
     def opt(self, key: str, default=None):
         v = self.options.get(key)
