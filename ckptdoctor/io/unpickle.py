@@ -64,23 +64,19 @@ class MetadataIndex(Bag):
     _cls = "torch.distributed.checkpoint.metadata.MetadataIndex"
 
 
-class TensorProperties(Bag):
+class TensorProperties(list):
+    """torch >= 2.1 pickles a 5-tuple state (dtype, layout, requires_grad, memory_format,
+    pin_memory), older torch a __dict__.  Kept raw, appended by a C method (one per tensor record,
+    so no Python-level __setstate__); only `dtype` is ever read."""
+    __slots__ = ()
     _cls = "torch.distributed.checkpoint.metadata.TensorProperties"
-
-    def __setstate__(self, state):
-        # torch >= 2.1 pickles a 5-tuple (dtype, layout, requires_grad, memory_format, pin_memory);
-        # older torch a __dict__.  Keep it raw: only `dtype` is ever read (see dtype()).
-        self.__dict__["_state"] = state
+    __setstate__ = list.append
 
     def dtype(self):
-        st = self.__dict__.get("_state")
+        st = self[-1] if self else None
         if isinstance(st, tuple) and st:
             return st[0]
         return st.get("dtype") if isinstance(st, dict) else None
-
-
-def _identity(x=None, *a):
-    return x
 
 
 def _path(*parts):
@@ -102,9 +98,9 @@ DTYPES = {
 DCP_ALLOW: dict[tuple[str, str], Any] = {
     (f"{DCP}.metadata", "MetadataIndex"): MetadataIndex,
     (f"{DCP}.metadata", "TensorProperties"): TensorProperties,
-    (f"{DCP}.metadata", "_MEM_FORMAT_ENCODING"): _enum_value,
+    (f"{DCP}.metadata", "_MEM_FORMAT_ENCODING"): int,  # REDUCE enum(0): C-level, once per tensor
     ("torch", "Size"): tuple,  # REDUCE Size((3, 4)) -> (3, 4), in C
-    ("torch.serialization", "_get_layout"): _identity,
+    ("torch.serialization", "_get_layout"): str,  # REDUCE _get_layout("torch.strided")
     ("torch", "strided"): "strided",
     ("pathlib", "PosixPath"): _path,
     ("pathlib", "PurePosixPath"): _path,
