@@ -24,3 +24,12 @@ def verify(path: str, *, layout: str | None = None, select=None, ignore=None, se
                       **options)
     flow.run(path, eng, layout=layout)
     return eng.report
+
+
+def reconcile(path: str, *, profile: str | None = None, maps=None, simulate: bool = False, steps: int = 4,
+              select=None, ignore=None, severity=None, fail_on: str = "error") -> Report:
+    """RL resume-state checks of a step directory, run root or run_state/v1 file (read-only)."""
+    from .commands import reconcile as flow
+    eng = make_engine("reconcile", path, select=select, ignore=ignore, severity=severity, fail_on=fail_on)
+    flow.run(flow.load(path, profile, list(maps or []), steps), eng, simulate=simulate)
+    return eng.report

@@ -179,9 +179,64 @@ def publish(src: str = typer.Argument(..., help="Checkpoint directory to publish
 
 
 @app.command(rich_help_panel="Inspection")
-def reconcile(path: str = typer.Argument(..., help="RL checkpoint step directory or run-state file.")):
-    """Check that an RL run resumes on the same data (not implemented yet)."""
-    _not_landed("reconcile", 7)
+def reconcile(
+    path: str = typer.Argument(..., help="RL checkpoint step directory (e.g. step_7), its run root, or a "
+                               "run_state/v1 file (.json/.yaml)."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="Mapping profile [default: detected; "
+                                          "see rules/profiles]."),
+    map_: Optional[List[str]] = typer.Option(None, "--map", help="Override a mapping: FIELD=FILE:PATH, "
+                                             "e.g. sampler.cursor=training_info.json:sampler_dispatch_index "
+                                             "(repeatable)."),
+    show_state: bool = typer.Option(False, "--show-state", help="Print the mapped run_state/v1 (with "
+                                    "provenance) as JSON and exit."),
+    simulate: bool = typer.Option(False, "--simulate", help="Also run the resume simulator and print "
+                                  "per step what is dispatched, dropped, deduplicated and lost."),
+    steps: int = typer.Option(4, "--steps", help="Trainer steps to simulate."),
+    fix: bool = typer.Option(False, "--fix", help="Apply the one proven-safe repair (align the cursor to "
+                             "the dataloader) after simulating it; backs up and rewrites atomically."),
+    fix_output: Optional[str] = typer.Option(None, "--fix-output", help="With --fix: write the repaired "
+                                             "file here instead of in place (for read-only or remote "
+                                             "checkpoints)."),
+    select: Optional[List[str]] = SelectOpt, ignore: Optional[List[str]] = IgnoreOpt,
+    fail_on: Optional[Level] = FailOnOpt, severity: Optional[List[str]] = SeverityOpt,
+    config: Optional[str] = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
+    debug: bool = DebugOpt, quiet: bool = QuietOpt,
+):
+    """Check that an RL run resumes on the same data: sampler cursor vs replay buffer vs dataloader.
+    Read-only unless --fix."""
+    _logging(quiet, debug)
+    from .commands import reconcile as flow
+    if steps < 1 or steps > 10_000:
+        raise UsageError("--steps must be between 1 and 10000")
+    if fix_output and not fix:
+        raise UsageError("--fix-output only makes sense with --fix")
+    view = flow.load(path, profile, map_ or [], steps)
+    if show_state:
+        import json as _json
+        _json.dump(view.rs.to_json(), sys.stdout, indent=2, default=str)
+        print()
+        raise typer.Exit(0)
+    eng = _engine("reconcile", path, select, ignore, fail_on, severity, config, isolated, debug)
+    flow.run(view, eng, simulate=simulate or fix)
+    if fix:
+        plan = view.plan
+        if plan.safe:
+            written, backup, change = flow.fix(view, fix_output)
+            if not quiet:
+                print(f"ckptdoctor: fixed {written}: {change}" + (f" (backup: {backup})" if backup else ""),
+                      file=sys.stderr)
+            before = eng.report.facts
+            if fix_output:
+                eng.report.facts["fixed"] = {"file": written, "backup": None, "change": change}
+            else:  # judge the repaired state, keep the simulation that justified the write
+                view = flow.load(path, profile, map_ or [], steps)
+                eng = _engine("reconcile", path, select, ignore, fail_on, severity, config, isolated, debug)
+                flow.run(view, eng, simulate=True)
+                eng.report.facts["fixed"] = {"file": written, "backup": backup, "change": change}
+                eng.report.facts["simulation_before_fix"] = before.get("simulation")
+        elif not quiet:
+            print(f"ckptdoctor: reconcile --fix: no automatic repair: {plan.reason}", file=sys.stderr)
+    _finish(eng, format)
 
 
 @app.command(rich_help_panel="Inspection")

@@ -17,6 +17,15 @@ def assert_fires(report, rule: str, *, path_contains: str | None = None, severit
     return hits
 
 
+def assert_fires_json(doc: dict, rule: str, *, path_contains: str | None = None):
+    """assert_fires for a `--format json` report read back from the real CLI."""
+    hits = [f for f in doc["findings"] if f["rule"] == rule]
+    assert hits, f"{rule} did not fire; findings: {[(f['rule'], f['message']) for f in doc['findings']]}"
+    if path_contains:
+        assert any(path_contains in f["path"] for f in hits), [f["path"] for f in hits]
+    return hits
+
+
 def assert_no_errors(report):
     errs = [(f.rule, f.path, f.message) for f in report.findings if f.severity == "error"]
     assert not errs, errs

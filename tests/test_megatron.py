@@ -4,7 +4,7 @@ import shutil
 
 from ckptdoctor import api
 from conftest import needs_torch
-from helpers import assert_fires, assert_no_errors
+from helpers import assert_fires, assert_fires_json, assert_no_errors
 
 pytestmark = needs_torch
 
@@ -138,9 +138,7 @@ def test_unreadable_checkpoint_dir(real):
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 1, p.stderr
         assert "Traceback" not in p.stderr
-        found = json.loads(p.stdout)["findings"]
-        hits = [f for f in found if f["rule"] == "CKD901"]
-        assert hits and "iter_0000100" in hits[0]["path"], found
+        hits = assert_fires_json(json.loads(p.stdout), "CKD901", path_contains="iter_0000100")
         assert "ermission" in hits[0]["message"]
     finally:
         os.chmod(d / "iter_0000100", 0o755)

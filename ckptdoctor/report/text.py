@@ -51,6 +51,10 @@ def render(report, out) -> None:
             line.append(f.message)
             con.print(line)
             con.print(Text(f"           {f.path}", style="dim"))
+            ev = f.details.get("evidence") if isinstance(f.details, dict) else None
+            if ev:
+                con.print(Text("           evidence: " + "; ".join(f"{k} <- {w}" for k, w in ev.items()),
+                               style="dim"))
             if f.hint:
                 con.print(Text(f"           hint: {f.hint}", style="dim"))
     if facts.get("kind") == "run" and rows:
@@ -69,9 +73,56 @@ def render(report, out) -> None:
         if rf != nc and nc:
             con.print(Text(f"hint: the framework will not load {nc}; fix the tracker/markers named above "
                            f"before relaunching", style="yellow"))
+    if "positions" in facts:
+        _reconcile(con, facts)
     for line in facts.get("notes") or []:
         con.print(Text(line))
     s = report.summary
     verdict = "FAIL" if report.failed() else "ok"
     con.print(Text(f"{report.command}: {verdict} - {s['error']} error(s), {s['warning']} warning(s), "
                    f"{s['info']} info", style="bold red" if report.failed() else "bold green"))
+
+
+def _unk(v) -> str:
+    return "?" if v is None else str(v)
+
+
+def _reconcile(con, facts) -> None:
+    p = facts["positions"]
+    targets = ", ".join(f"step {t}: {c}" for t, c in p["buffer_targets"].items()) or "empty"
+    con.print(Text(f"positions: N={_unk(p['num_prompts_per_step'])} L={_unk(p['lookahead'])} "
+                   f"trainer T={_unk(p['trainer_version'])} cursor C={_unk(p['cursor'])} "
+                   f"dataloader A={_unk(p['dataloader_admitted'])}  buffer [{targets}]", style="bold"))
+    rep = facts.get("repair") or {}
+    if rep.get("available"):
+        con.print(Text(f"safe repair: {rep['reason']} (reconcile --fix)", style="yellow"))
+    for key, title in (("simulation", "simulated resume"), ("simulation_after_repair", "after the repair")):
+        sim = facts.get(key)
+        if not sim:
+            continue
+        t = Table(title=title, title_justify="left")
+        for col in ("step", "batch", "dispatched", "dropped", "dedupe", "lost"):
+            t.add_column(col, justify="right")
+        for r in sim["steps"]:
+            t.add_row(*(str(r[c]) for c in ("step", "batch", "dispatched", "dropped", "dedupe", "lost")),
+                      style="red" if r["lost"] else None)
+        con.print(t)
+        restored = [r for r in sim.get("trained", []) if r["restored"]]
+        if restored:
+            con.print(Text("  trained from restored groups: " + ", ".join(
+                f"step {r['step']} ({r['restored']} restored, {r['fresh']} fresh)" for r in restored)))
+        st = sim.get("stalled_at")
+        con.print(Text(f"  lost on resume: {_ids(sim['lost_prompts'])}; lost at save: "
+                       f"{_ids(sim['lost_at_save'])}; trained twice: {_ids(sim['duplicate_prompts'])}; "
+                       f"stall: {'step %s (%s of %s groups)' % (st['step'], st['have'], st['need']) if st else 'none'}"))
+    if facts.get("fixed"):
+        fx = facts["fixed"]
+        con.print(Text(f"fixed: {fx['change']} in {fx['file']}" +
+                       (f" (backup {fx['backup']})" if fx.get("backup") else ""), style="bold yellow"))
+
+
+def _ids(ids) -> str:
+    if not ids:
+        return "none"
+    shown = ", ".join(f"p{i}" if isinstance(i, int) else str(i) for i in ids[:8])
+    return f"{len(ids)} ({shown}{', ...' if len(ids) > 8 else ''})"

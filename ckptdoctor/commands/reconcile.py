@@ -1,0 +1,199 @@
+"""reconcile: map an RL checkpoint (or read a run_state/v1 file), run the R-rules, simulate, repair."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+from dataclasses import dataclass
+from functools import cached_property
+
+import yaml
+
+from ..engine.errors import InputError, UsageError
+from ..engine.runner import Engine
+from ..io.atomic import fsync_dir
+from ..io.fs import LocalStorage, Storage, open_location
+from ..runstate import profiles as prof
+from ..runstate.positions import Positions, RepairPlan, plan_repair
+from ..runstate.schema import RunState
+
+
+@dataclass
+class ReconcileView:
+    rs: RunState
+    st: Storage            # the step directory, or the directory of the run-state file
+    parent: Storage | None
+    display: str
+    state_file: str | None = None  # set when the input was a run_state/v1 file
+    steps: int = 4
+
+    @cached_property
+    def pos(self) -> Positions:
+        return Positions.of(self.rs)
+
+    @cached_property
+    def plan(self) -> RepairPlan:
+        return plan_repair(self.pos, self.steps)
+
+    def path_of(self, field: str) -> str:
+        if self.state_file:
+            return self.display
+        src = self.rs.provenance.get(field, "")
+        fname = src.split(":", 1)[0] if ":" in src and not src.startswith(("derived", "default", "fallback")) else ""
+        if fname.startswith(("/", "s3://", "gs://", "memory://", "file://")):
+            return fname
+        return self.st.show(fname) if fname and "directory name" not in src else self.display
+
+    def parent_show(self, name: str) -> str:
+        return self.parent.show(name) if self.parent else name
+
+
+def load(location: str, profile: str | None, maps: list[str], steps: int = 4) -> ReconcileView:
+    overrides = prof.parse_overrides(maps or [])
+    if profile and profile not in prof.profiles():
+        raise UsageError(f"--profile {profile!r}: known profiles: {', '.join(prof.profiles())}")
+    if re.search(r"\.(json|ya?ml)$", location) and not _is_dir(location):
+        head, _, base = location.rstrip("/").rpartition("/")
+        st = open_location(head or ".")
+        if st.stat(base) is None:
+            raise InputError(f"{location}: no such file")
+        rs = prof.load_state_file(st, base)
+        return ReconcileView(rs, st, None, st.show(base), state_file=base, steps=steps)
+    st = open_location(location)
+    files = {e.name for e in st.listdir("") if not e.is_dir}
+    dirs = {e.name for e in st.listdir("") if e.is_dir}
+    chosen = prof.profiles()[profile] if profile else prof.detect(files)
+    if chosen is None:  # maybe a run root: pick the newest finished step as the framework does
+        step_dir = _newest_step(dirs)
+        if step_dir is not None:
+            sub = st.sub(step_dir)
+            sfiles = {e.name for e in sub.listdir("") if not e.is_dir}
+            chosen = prof.detect(sfiles)
+            if chosen:
+                rs = prof.map_checkpoint(sub, chosen, overrides, parent=st, name=step_dir)
+                return ReconcileView(rs, sub, st, sub.display, steps=steps)
+        raise InputError(f"{st.display}: no known RL checkpoint here (no run_state/v1 file, no "
+                         f"{' / '.join(sorted({f for p in prof.profiles().values() for f in p.detect_files}))}); "
+                         f"pass --profile or a run-state file")
+    name = st.display.rstrip("/").rsplit("/", 1)[-1]
+    parent = _parent(location)
+    rs = prof.map_checkpoint(st, chosen, overrides, parent=parent, name=name)
+    return ReconcileView(rs, st, parent, st.display, steps=steps)
+
+
+def _is_dir(location: str) -> bool:
+    return os.path.isdir(location) if "://" not in location else False
+
+
+def _newest_step(dirs: set[str]) -> str | None:
+    best = None
+    for d in dirs:
+        m = re.fullmatch(r"step_(\d+)", d)
+        if m and (best is None or int(m.group(1)) > best[0]):
+            best = (int(m.group(1)), d)
+    return best[1] if best else None
+
+
+def _parent(location: str) -> Storage | None:
+    loc = location.rstrip("/")
+    head = loc.rpartition("/")[0]
+    if not head or head.endswith(":/") or head.endswith(":"):
+        return None
+    try:
+        return open_location(head)
+    except Exception:  # noqa: BLE001 - the parent is context only
+        return None
+
+
+def run(view: ReconcileView, engine: Engine, simulate: bool = False) -> None:
+    rep = engine.report
+    engine.run_scope("reconcile", view)
+    p = view.pos
+    rep.facts["positions"] = {"num_prompts_per_step": p.n, "lookahead": p.lookahead, "trainer_version": p.t,
+                              "cursor": p.c, "dataloader_admitted": p.a,
+                              "buffer_targets": {str(t): c for t, c in sorted(p.cnt.items())}}
+    rep.facts["profile"] = view.rs.get("source.profile")
+    plan = view.plan
+    rep.facts["repair"] = {"available": plan.safe, "new_cursor": plan.new_cursor, "reason": plan.reason}
+    if simulate:
+        before = p.simulate(steps=view.steps)
+        rep.facts["simulation"] = before.to_json() if before else None
+        if plan.safe and plan.after is not None:
+            rep.facts["simulation_after_repair"] = plan.after.to_json()
+
+
+# ---- --fix ----------------------------------------------------------------------------------
+def fix(view: ReconcileView, output: str | None = None) -> tuple[str, str | None, str]:
+    """Apply the safe cursor repair.  Returns (written file, backup or None, message)."""
+    plan = view.plan
+    if not plan.safe:
+        raise UsageError(f"reconcile --fix: nothing safe to repair: {plan.reason}")
+    src = view.rs.provenance.get("sampler.cursor", "")
+    if view.state_file:
+        fname, path = view.state_file, "sampler.cursor"
+    elif view.rs.get("sampler.cursor_source") == "saved" and ":" in src:
+        fname, path = src.split(":", 1)
+    else:
+        raise UsageError("reconcile --fix: the cursor is not stored in the checkpoint (it is derived from "
+                         f"{src or 'the trainer version'}), so there is nothing to rewrite; the framework "
+                         "version that wrote it needs the code fix")
+    if not fname.endswith((".json", ".yaml", ".yml")):
+        raise UsageError(f"reconcile --fix: the cursor lives in {fname}, which ckptdoctor does not rewrite")
+    if not isinstance(view.st, LocalStorage) and output is None:
+        raise UsageError(f"reconcile --fix: {view.st.display} is not a local directory; pass "
+                         f"--fix-output FILE to write the repaired {fname} elsewhere")
+    raw = view.st.read(fname, prof.MAX_JSON_BYTES)
+    is_json = fname.endswith(".json")
+    doc = json.loads(raw) if is_json else yaml.safe_load(raw)
+    _set(doc, path, plan.new_cursor)
+    data = (json.dumps(doc, indent=2) + "\n").encode() if is_json else \
+        yaml.safe_dump(doc, sort_keys=False).encode()
+    if output:
+        _atomic_replace(output, data)
+        return output, None, plan.reason
+    target = view.st.abspath(fname)
+    d = os.path.dirname(target)
+    if not os.access(d, os.W_OK):
+        raise InputError(f"reconcile --fix: {d} is not writable; pass --fix-output FILE")
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    backup = f"{target}.ckptdoctor-bak-{stamp}"
+    try:
+        _atomic_create(backup, raw)
+        _atomic_replace(target, data)
+    except OSError as exc:
+        raise InputError(f"reconcile --fix: cannot write {target}: {exc.strerror or exc}") from None
+    return target, backup, plan.reason
+
+
+def _set(doc, path: str, value) -> None:
+    parts = path.split(".")
+    cur = doc
+    for k in parts[:-1]:
+        if not isinstance(cur, dict) or not isinstance(cur.get(k), dict):
+            raise UsageError(f"reconcile --fix: cannot locate {path} in the file")
+        cur = cur[k]
+    if not isinstance(cur, dict) or parts[-1] not in cur:
+        raise UsageError(f"reconcile --fix: {path} is not in the file; refusing to invent it")
+    cur[parts[-1]] = value
+
+
+def _atomic_create(path: str, data: bytes) -> None:
+    from ..io.atomic import write_new
+    write_new(path, data)
+
+
+def _atomic_replace(path: str, data: bytes) -> None:
+    d, base = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(d, f".{base}.ckptdoctor-tmp-{os.getpid()}")
+    try:
+        with open(tmp, "xb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        fsync_dir(d)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+

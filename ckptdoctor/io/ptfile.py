@@ -1,0 +1,183 @@
+"""Read a `torch.save` file as data, without torch and without running its pickle.
+
+A `.pt` is a zip whose `<archive>/data.pkl` is a pickle; tensor bytes live in other members and
+are never read.  The unpickler resolves:
+  * tensor rebuild functions to a shape-only `TensorStub` (dtype from the storage class),
+  * a few builtin containers (`OrderedDict`, `set`, ...) to real ones,
+  * classes of known training frameworks (NeMo-RL, TransferQueue, torchdata, verl, numpy
+    scalars...) to inert attribute bags that only record their fields,
+and refuses everything else (`os.system`, `builtins.eval`, `subprocess.Popen`, torch globals
+outside the list) with RefusedGlobal naming it.  Nothing from the file is ever called.
+"""
+from __future__ import annotations
+
+import io
+import pickle
+import zipfile
+from dataclasses import dataclass
+from typing import Any
+
+from .unpickle import DTYPES, Bag, DType, RefusedGlobal, bag_class
+
+MAX_PICKLE_BYTES = 256 << 20   # a run-state `.pt` pickle is KBs to MBs; refuse absurd ones
+MAX_MEMBERS = 100_000
+
+
+class PtError(ValueError):
+    """Not a readable torch.save archive (one line, no traceback)."""
+
+
+@dataclass(frozen=True)
+class TensorStub:
+    """What a tensor looks like without its bytes."""
+    shape: tuple
+    dtype: str | None
+
+    def __len__(self):
+        return self.shape[0] if self.shape else 0
+
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class StorageStub:
+    dtype: str | None
+    key: str
+    numel: int | None
+
+
+def _rebuild_tensor(storage, storage_offset=0, size=(), stride=None, *rest):
+    dtype = storage.dtype if isinstance(storage, StorageStub) else None
+    try:
+        shape = tuple(int(x) for x in size)
+    except (TypeError, ValueError):
+        raise pickle.UnpicklingError(f"tensor with a non-integer shape {size!r:.60}") from None
+    return TensorStub(shape, dtype)
+
+
+def _rebuild_parameter(data, *rest):
+    return data
+
+
+def _storage_type(name: str):
+    base = name.replace("Storage", "")
+    dtype = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
+             "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
+             "Bool": "bool", "Untyped": "uint8"}.get(base)
+    return DType(dtype or name)
+
+
+TORCH_ALLOW = {
+    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
+    ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
+    ("torch._utils", "_rebuild_tensor_v3"): _rebuild_tensor,
+    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
+    ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
+    ("torch", "Size"): tuple,
+    ("torch", "device"): str,
+    ("collections", "OrderedDict"): dict,
+    ("collections", "defaultdict"): lambda *a: {},
+    ("builtins", "set"): set,
+    ("builtins", "frozenset"): frozenset,
+    ("builtins", "complex"): complex,
+    ("builtins", "slice"): slice,
+    ("datetime", "datetime"): lambda *a: a,
+}
+STORAGE_NAMES = {"FloatStorage", "DoubleStorage", "HalfStorage", "BFloat16Storage", "LongStorage",
+                 "IntStorage", "ShortStorage", "CharStorage", "ByteStorage", "BoolStorage",
+                 "UntypedStorage"}
+# Classes from these packages become inert bags (their fields are the data we read).
+DATA_MODULE_PREFIXES = ("nemo_rl.", "transfer_queue.", "torchdata.", "verl.", "openrlhf.", "trl.",
+                        "numpy.")
+# Never stand in for these, whatever the prefix list says: they are how pickles run code.
+DANGEROUS_MODULES = ("builtins", "os", "posix", "nt", "subprocess", "sys", "importlib", "shutil",
+                     "socket", "pickle", "marshal", "types", "runpy", "code", "ctypes", "pty",
+                     "functools", "operator", "codecs", "io", "webbrowser", "pdb", "timeit",
+                     "numpy.testing", "numpy.f2py", "numpy.distutils", "numpy.lib.npyio")
+
+
+class PtUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        hit = TORCH_ALLOW.get((module, name))
+        if hit is not None:
+            return hit
+        if module == "torch" and name in DTYPES:
+            return DType(name)
+        if module == "torch" and name in STORAGE_NAMES:
+            return _storage_type(name)
+        top = module.split(".", 1)[0]
+        if module in DANGEROUS_MODULES or top in DANGEROUS_MODULES:
+            raise RefusedGlobal(module, name)
+        if module.startswith(DATA_MODULE_PREFIXES) or module == "__main__":
+            if name.startswith("_") and not name[1:2].isupper():
+                raise RefusedGlobal(module, name)  # private functions, not data classes
+            return bag_class(f"{module}.{name}")
+        raise RefusedGlobal(module, name)
+
+    def persistent_load(self, pid):
+        # ('storage', storage_type, key, location, numel)
+        if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage":
+            st = pid[1]
+            return StorageStub(str(st) if isinstance(st, str) else None, str(pid[2]),
+                               pid[4] if isinstance(pid[4], int) else None)
+        raise pickle.UnpicklingError(f"unexpected persistent id {pid!r:.60}")
+
+
+def loads(data: bytes) -> Any:
+    return PtUnpickler(io.BytesIO(data)).load()
+
+
+def read_pt(fh) -> Any:
+    """Load the object inside a torch.save zip as stubs.  Raises PtError or RefusedGlobal."""
+    head = fh.read(4)
+    fh.seek(0)
+    if head[:2] == b"\x80\x02":
+        raise PtError("legacy (pre-1.6) torch.save format: re-save with torch >= 1.6")
+    if head != b"PK\x03\x04":
+        raise PtError("not a torch.save archive (no zip header)")
+    try:
+        with zipfile.ZipFile(fh) as zf:
+            infos = zf.infolist()
+            if len(infos) > MAX_MEMBERS:
+                raise PtError(f"zip has {len(infos)} members (limit {MAX_MEMBERS})")
+            pkl = [i for i in infos if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"]
+            if not pkl:
+                raise PtError("zip has no data.pkl: not a torch.save archive")
+            info = min(pkl, key=lambda i: i.filename.count("/"))
+            if info.file_size > MAX_PICKLE_BYTES:
+                raise PtError(f"data.pkl is {info.file_size} bytes (limit {MAX_PICKLE_BYTES})")
+            with zf.open(info) as m:
+                data = m.read(MAX_PICKLE_BYTES + 1)
+    except zipfile.BadZipFile as exc:
+        raise PtError(f"not a readable zip ({exc})") from None
+    except (OSError, EOFError, NotImplementedError) as exc:
+        raise PtError(f"unreadable zip ({type(exc).__name__}: {exc})") from None
+    try:
+        return loads(data)
+    except RefusedGlobal:
+        raise
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError,
+            KeyError, OverflowError, MemoryError, RecursionError, UnicodeDecodeError) as exc:
+        raise PtError(f"data.pkl is not a readable pickle ({type(exc).__name__}: {str(exc)[:80]})") from None
+
+
+def plain(obj: Any, depth: int = 0) -> Any:
+    """Stubs and bags as JSON-friendly values (for --show-state and path lookups)."""
+    if depth > 50:
+        return "…"
+    if isinstance(obj, Bag):
+        return {k: plain(v, depth + 1) for k, v in obj.__dict__.items() if k != "_args"} | (
+            {"_args": plain(obj.__dict__["_args"], depth + 1)} if obj.__dict__.get("_args") else {})
+    if isinstance(obj, TensorStub):
+        return {"tensor": list(obj.shape), "dtype": obj.dtype}
+    if isinstance(obj, dict):
+        return {str(k): plain(v, depth + 1) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [plain(v, depth + 1) for v in obj]
+    if isinstance(obj, (bytes, bytearray)):
+        return f"<{len(obj)} bytes>"
+    return obj

@@ -1,0 +1,405 @@
+"""reconcile: the three-way check, the simulator's seed cases, the mapping of real NeMo-RL files,
+and the repair that is only offered when the simulator proves it safe."""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ckptdoctor import api
+from ckptdoctor.runstate.simulate import SimInput, restored_with_ids, simulate
+from conftest import needs_torch
+from helpers import assert_fires, assert_no_errors, cli
+
+# ---- simulator: the eight seed cases of reconcile.md §6 (N=4, L=1, T=7) ----------------------
+T7 = [(7, None)] * 4
+
+
+def _sim(c, a, groups, steps=4):
+    return simulate(SimInput(4, 1, 7, c, a, restored_with_ids(groups, 4), steps=steps))
+
+
+def _row(r, step):
+    row = next(x for x in r.rows if x.step == step)
+    return (row.batch, row.dispatched, row.dropped, row.dedupe, row.lost)
+
+
+def test_s1_aligned_dedupes_by_count():
+    r = _sim(6, 7, T7)
+    assert _row(r, 7) == (7, 0, 4, 4, 0)
+    assert r.lost_prompts == [] and r.duplicate_prompts == [] and r.lost_at_save == []
+    assert r.stalled_at is None
+
+
+def test_s2_dataloader_ahead_loses_a_batch():
+    r = _sim(6, 8, T7)
+    assert _row(r, 7) == (8, 0, 4, 0, 4)
+    assert r.lost_prompts == [32, 33, 34, 35]
+
+
+def test_s3_self_heal_and_its_in_flight_loss():
+    r = _sim(6, 7, [])
+    assert _row(r, 7) == (7, 4, 0, 0, 0)
+    r = _sim(6, 8, [])
+    assert _row(r, 7) == (8, 4, 0, 0, 0)
+    assert r.lost_at_save == [28, 29, 30, 31]
+
+
+def test_s4_repair_of_s2():
+    r = _sim(7, 8, T7)
+    assert r.trained[0] == {"step": 7, "restored": 4, "fresh": 0}
+    assert _row(r, 8)[0] == 8
+    assert r.lost_prompts == [] and r.duplicate_prompts == []
+
+
+def test_s5_wrong_repair_of_s1_duplicates():
+    r = _sim(7, 7, T7)
+    assert _row(r, 8) == (7, 4, 0, 0, 0)
+    assert r.duplicate_prompts == [28, 29, 30, 31]
+
+
+def test_s6_partial_step():
+    r = _sim(6, 8, [(7, None)] * 2)
+    assert _row(r, 7) == (8, 2, 2, 0, 2)
+    assert r.lost_prompts == [34, 35]
+    assert r.lost_at_save == [30, 31]
+
+
+def test_s7_partial_with_raised_cursor_stalls():
+    r = _sim(7, 8, [(7, None)] * 2)
+    assert r.stalled_at == {"step": 7, "have": 2, "need": 4}
+
+
+def test_s8_fetch_before_admit():
+    r = _sim(8, 10, T7 + [(8, None)] * 4)
+    assert [t["step"] for t in r.trained[:2]] == [7, 8] and all(t["restored"] == 4 for t in r.trained[:2])
+    assert _row(r, 9)[0] == 10
+    assert r.lost_at_save == [36, 37, 38, 39]
+
+
+# ---- neutral run-state files ------------------------------------------------------------------
+def state(c=6, a=7, targets=(7, 7, 7, 7), **kw):
+    doc = {"schema": "ckptdoctor.run_state/v1",
+           "config": {"num_prompts_per_step": 4, "group_size": 8, "sampler": "in_order",
+                      "max_lookahead_versions": 1},
+           "trainer": {"step": 7, "version": 7, "epoch": 0},
+           "sampler": {"cursor": c, "cursor_source": "saved"},
+           "dataloader": {"batches_total": a},
+           "buffer": {"groups": [{"target_step": t, "status": "ready", "size": 8, "start_version": t - 1}
+                                 for t in targets]}}
+    for dotted, val in kw.items():
+        sec, _, key = dotted.partition("__")
+        doc.setdefault(sec, {})[key] = val
+    return doc
+
+
+def write_state(tmp_path, doc, name="state.json"):
+    p = tmp_path / name
+    p.write_text(json.dumps(doc))
+    return str(p)
+
+
+def rec(path, **kw):
+    return api.reconcile(path, **kw)
+
+
+def test_state_file_aligned_is_a_warning_only(tmp_path):
+    rep = rec(write_state(tmp_path, state()))
+    assert_fires(rep, "CKD301", severity="warning")
+    assert "CKD303" not in rep.rules()
+    assert_no_errors(rep)
+
+
+def test_state_file_dataloader_unknown_and_buffer_ahead_is_an_error(tmp_path):
+    doc = state()
+    del doc["dataloader"]
+    rep = rec(write_state(tmp_path, doc))
+    assert_fires(rep, "CKD301", severity="error")
+    assert_fires(rep, "CKD314")
+    assert "dataloader.batches_total" in next(f for f in rep.findings if f.rule == "CKD314").details["unknown"]
+
+
+def test_yaml_state_file_cursor_outside_window(tmp_path):
+    import yaml
+    p = tmp_path / "state.yaml"
+    p.write_text(yaml.safe_dump(state(c=3, a=4, targets=())))
+    rep = rec(str(p))
+    assert_fires(rep, "CKD302", severity="error")
+
+
+def test_dataloader_behind_cursor_warns_duplication(tmp_path):
+    rep = rec(write_state(tmp_path, state(c=7, a=7, targets=(7, 7, 7, 7, 8, 8, 8, 8))))
+    hits = assert_fires(rep, "CKD303", severity="warning")
+    assert "trained twice" in hits[0].message
+
+
+def test_partial_step_at_or_below_cursor_stalls(tmp_path):
+    rep = rec(write_state(tmp_path, state(c=7, a=8, targets=(7, 7))))
+    hits = assert_fires(rep, "CKD304", severity="error")
+    assert hits[0].details == {**hits[0].details, "step": 7, "have": 2, "need": 4}
+    assert rep.facts["repair"]["available"] is False
+
+
+def test_targets_below_trainer_and_beyond_window(tmp_path):
+    rep = rec(write_state(tmp_path, state(c=6, a=7, targets=(5, 5, 7, 9))))
+    hits = assert_fires(rep, "CKD305")
+    assert {h.severity for h in hits} == {"warning", "error"}
+
+
+def test_stale_groups_for_windowed_sampler(tmp_path):
+    doc = state(targets=(7, 7, 3, 3))
+    doc["config"].update(sampler="windowed", max_staleness_versions=2)
+    rep = rec(write_state(tmp_path, doc))
+    hits = assert_fires(rep, "CKD306")
+    assert hits[0].details["groups"] == 2
+
+
+def test_reserve_in_shrink_mode(tmp_path):
+    rep = rec(write_state(tmp_path, state(reserve__prompts=3)))
+    assert_fires(rep, "CKD307", severity="error")
+
+
+def test_epoch_boundary(tmp_path):
+    doc = state()
+    doc["config"]["batches_per_epoch"] = 7
+    doc["dataloader"].update(batches_in_epoch=7, iterator_finished=False)
+    rep = rec(write_state(tmp_path, doc))
+    assert_fires(rep, "CKD310", severity="warning")
+
+
+def test_group_size_mismatch(tmp_path):
+    doc = state()
+    doc["buffer"]["groups"][0]["size"] = 4
+    rep = rec(write_state(tmp_path, doc))
+    assert_fires(rep, "CKD312", severity="error")
+
+
+def test_every_field_nullable_and_unknown_is_not_zero(tmp_path):
+    rep = rec(write_state(tmp_path, {"schema": "ckptdoctor.run_state/v1"}))
+    hits = assert_fires(rep, "CKD314")
+    assert set(hits[0].details["unknown"]) == {"config.num_prompts_per_step", "config.max_lookahead_versions",
+                                               "trainer.version", "sampler.cursor", "dataloader.batches_total"}
+    assert_no_errors(rep)
+
+
+@pytest.mark.parametrize("content, words", [
+    ('{"schema": "something/else"}', "expected 'ckptdoctor.run_state/v1'"),
+    ('{"schema": "ckptdoctor.run_state/v1", "sampler": {"cursor": "six"}}', "sampler.cursor: expected int"),
+    ('{"schema": "ckptdoctor.run_state/v1", "trainer": {"steps": 1}}', "unknown field(s) steps"),
+    ("{not json", "not valid JSON"),
+])
+def test_bad_state_file_is_one_line_exit_2(tmp_path, content, words):
+    p = tmp_path / "state.json"
+    p.write_text(content)
+    rc, out, err = cli("reconcile", str(p))
+    assert rc == 2 and words in err and str(p) in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_simulate_json_contract(tmp_path):
+    rc, out, err = cli("reconcile", "--simulate", "--format", "json", write_state(tmp_path, state(a=8)))
+    assert rc == 1, err
+    sim = json.loads(out)["facts"]["simulation"]
+    assert {"steps", "lost_prompts", "duplicate_prompts", "stalled_at"} <= set(sim)
+    assert set(sim["steps"][0]) == {"step", "batch", "dispatched", "dropped", "dedupe", "lost"}
+    assert sim["steps"][0] == {"step": 7, "batch": 8, "dispatched": 0, "dropped": 4, "dedupe": 0, "lost": 4}
+    assert sim["lost_prompts"] == [32, 33, 34, 35] and sim["stalled_at"] is None
+
+
+def test_fix_on_state_file_aligns_cursor_with_backup(tmp_path):
+    path = write_state(tmp_path, state(a=8))
+    original = open(path, "rb").read()
+    rc, out, err = cli("reconcile", "--fix", "--format", "json", path)
+    assert rc == 0, (out, err)
+    assert json.load(open(path))["sampler"]["cursor"] == 7
+    backups = [p for p in os.listdir(tmp_path) if ".ckptdoctor-bak-" in p]
+    assert len(backups) == 1 and (tmp_path / backups[0]).read_bytes() == original
+    facts = json.loads(out)["facts"]
+    assert facts["fixed"]["change"].endswith("6 -> 7")
+    assert facts["simulation_before_fix"]["lost_prompts"] == [32, 33, 34, 35]
+    assert facts["simulation"]["lost_prompts"] == []
+
+
+def test_fix_refuses_the_wrong_repair_when_aligned(tmp_path):
+    path = write_state(tmp_path, state(a=7))
+    before = open(path, "rb").read()
+    rc, out, err = cli("reconcile", "--fix", path)
+    assert rc == 0 and "no automatic repair" in err and "train a batch twice" in err
+    assert open(path, "rb").read() == before
+    assert [p for p in os.listdir(tmp_path)] == ["state.json"]
+
+
+def test_fix_refuses_when_it_would_stall(tmp_path):
+    path = write_state(tmp_path, state(c=6, a=8, targets=(7, 7)))
+    before = open(path, "rb").read()
+    rc, out, err = cli("reconcile", "--fix", path)
+    assert rc == 1 and "no automatic repair" in err and "stall" in err
+    assert open(path, "rb").read() == before
+
+
+# ---- real NeMo-RL step directories (torch.save archives, read without torch) -------------------
+@pytest.fixture
+def nemo(tmp_path):
+    pytest.importorskip("torch")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "fixtures"))
+    import nemo_rl_ckpt
+    return lambda **kw: nemo_rl_ckpt.write_step(tmp_path / "ckpts", **kw)
+
+
+def _snapshot(root):
+    out = {}
+    for dp, dn, fn in os.walk(root):
+        for n in dn + fn:
+            p = os.path.join(dp, n)
+            st = os.lstat(p)
+            out[p] = (st.st_size, st.st_mtime_ns, hashlib.sha256(open(p, "rb").read()).hexdigest()
+                      if os.path.isfile(p) else None)
+    return out
+
+
+@needs_torch
+def test_nemo_rl_seed_case_aligned(nemo):
+    d = nemo(cursor=6, batches=7)
+    rep = rec(d)
+    assert rep.facts["profile"] == "nemo-rl/sc-tq"
+    hits = assert_fires(rep, "CKD301", severity="warning", path_contains="training_info.json")
+    assert hits[0].details["evidence"]["sampler.cursor"] == "training_info.json:sampler_dispatch_index"
+    assert_no_errors(rep)
+
+
+@needs_torch
+@pytest.mark.parametrize("workers", [False, True])
+def test_nemo_rl_dataloader_ahead_is_lost(nemo, workers):
+    d = nemo(cursor=6, batches=8, workers=workers)
+    rep = rec(d)
+    assert_fires(rep, "CKD301", severity="error")
+    hits = assert_fires(rep, "CKD303", severity="error", path_contains="train_dataloader.pt")
+    ev = hits[0].details["evidence"]["dataloader.batches_in_epoch"]
+    assert ev == ("train_dataloader.pt:_snapshot._snapshot_step + _steps_since_snapshot" if workers
+                  else "train_dataloader.pt:_num_yielded")
+    assert rep.facts["repair"] == {"available": True, "new_cursor": 7,
+                                   "reason": "align the cursor to the dataloader: 6 -> 7"}
+
+
+@needs_torch
+def test_nemo_rl_reconcile_is_read_only(nemo):
+    d = nemo(cursor=6, batches=8, status_step=9)
+    root = os.path.dirname(d)
+    before = _snapshot(root)
+    rc, out, err = cli("reconcile", "--simulate", d)
+    assert rc == 1
+    assert _snapshot(root) == before
+
+
+@needs_torch
+def test_nemo_rl_fix_rewrites_only_the_cursor(nemo):
+    d = nemo(cursor=6, batches=8)
+    dl = open(os.path.join(d, "train_dataloader.pt"), "rb").read()
+    info = json.load(open(os.path.join(d, "training_info.json")))
+    rc, out, err = cli("reconcile", "--fix", d)
+    assert rc == 0, (out, err)
+    assert "lost on resume: 4 (p32, p33, p34, p35)" not in out  # the report is of the repaired state
+    new = json.load(open(os.path.join(d, "training_info.json")))
+    assert new == {**info, "sampler_dispatch_index": 7}
+    assert open(os.path.join(d, "train_dataloader.pt"), "rb").read() == dl
+    assert_no_errors(rec(d))
+
+
+@needs_torch
+def test_nemo_rl_fix_output_leaves_checkpoint_untouched(nemo, tmp_path):
+    d = nemo(cursor=6, batches=8)
+    before = _snapshot(d)
+    out_file = tmp_path / "fixed_training_info.json"
+    rc, out, err = cli("reconcile", "--fix", "--fix-output", str(out_file), d)
+    assert rc == 1  # the checkpoint itself is still broken
+    assert json.load(open(out_file))["sampler_dispatch_index"] == 7
+    assert _snapshot(d) == before
+
+
+@needs_torch
+def test_nemo_rl_derived_cursor_cannot_be_fixed_in_place(nemo):
+    d = nemo(cursor=None, batches=8)  # main / PR 3480: cursor rebuilt from trainer_version
+    rep = rec(d)
+    assert rep.facts["positions"]["cursor"] == 6
+    hits = assert_fires(rep, "CKD303")
+    assert hits[0].details["evidence"]["sampler.cursor"].startswith("derived")
+    rc, out, err = cli("reconcile", "--fix", d)
+    assert rc == 2 and "derived" in err
+
+
+@needs_torch
+def test_nemo_rl_torn_data_plane_and_anchors(nemo):
+    d = nemo(digest_ok=False, name="step_8")
+    rep = rec(d)
+    assert_fires(rep, "CKD308", severity="error", path_contains="data_plane/metadata.json")
+    hits = assert_fires(rep, "CKD309")
+    assert any("run.checkpoint_step = 8" in h.message for h in hits)
+
+
+@needs_torch
+def test_nemo_rl_status_pointer_and_leftovers_from_run_root(nemo):
+    nemo(step=6, cursor=5, batches=6, targets=(6, 6, 6, 6))
+    d = nemo(step=7, cursor=6, batches=7, status_step=9)
+    os.rename(nemo(step=8, cursor=7, batches=8, targets=(8,) * 4), os.path.join(os.path.dirname(d), "tmp_step_8"))
+    rep = rec(os.path.dirname(d))
+    assert rep.facts["positions"]["trainer_version"] == 7  # the newest finished step_N
+    hits = assert_fires(rep, "CKD311")
+    assert any("step 9" in h.message for h in hits) and any("tmp_step_8" in h.path for h in hits)
+
+
+@needs_torch
+def test_nemo_rl_sampler_mismatch(nemo):
+    rep = rec(nemo(saved_sampler="windowed"))
+    assert_fires(rep, "CKD312", severity="error")
+
+
+@needs_torch
+def test_hostile_pickle_is_refused_and_never_run(nemo, tmp_path):
+    import torch
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path}/pwned",))
+    d = nemo()
+    torch.save({"_num_yielded": Evil()}, os.path.join(d, "train_dataloader.pt"))
+    rep = rec(d)
+    hits = assert_fires(rep, "CKD313", path_contains="train_dataloader.pt")
+    assert "posix.system" in hits[0].message or "os.system" in hits[0].message
+    assert not (tmp_path / "pwned").exists()
+    assert rep.facts["positions"]["dataloader_admitted"] is None  # unknown, not 0
+
+
+@needs_torch
+def test_truncated_pt_is_a_finding(nemo):
+    d = nemo()
+    p = os.path.join(d, "replay_buffer_metadata.pt")
+    os.truncate(p, os.path.getsize(p) // 2)
+    rep = rec(d)
+    assert_fires(rep, "CKD313", path_contains="replay_buffer_metadata.pt")
+
+
+@needs_torch
+def test_show_state_and_map_override(nemo):
+    d = nemo(cursor=6, batches=8, info_extra={"my_cursor": 7})
+    rc, out, err = cli("reconcile", "--show-state", d)
+    doc = json.loads(out)
+    assert rc == 0 and doc["schema"] == "ckptdoctor.run_state/v1"
+    assert doc["sampler"]["cursor"] == 6 and doc["dataloader"]["batches_in_epoch"] == 8
+    assert doc["provenance"]["sampler.cursor"] == "training_info.json:sampler_dispatch_index"
+    rep = rec(d, maps=["sampler.cursor=training_info.json:my_cursor"])
+    assert rep.facts["positions"]["cursor"] == 7
+    assert "CKD303" not in rep.rules()
+    rc, out, err = cli("reconcile", "--map", "nonsense", d)
+    assert rc == 2 and "--map" in err
+
+
+@needs_torch
+def test_reconcile_needs_no_torch(nemo):
+    d = nemo(cursor=6, batches=8)
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from ckptdoctor.cli import main; main(['reconcile', '--simulate', sys.argv[1]])")
+    p = subprocess.run([sys.executable, "-c", code, d], capture_output=True, text=True)
+    assert p.returncode == 1, p.stderr
+    assert "CKD303" in p.stdout
