@@ -91,4 +91,64 @@ def run_demo(directory: str | None, fmt: str = "text") -> int:
     flow.run(good, eng2)
     render(eng2.report, fmt, out)
     caught = caught and "CKD151" in eng2.report.rules()
+    caught = _reconcile_scene(root, fmt, out) and caught
     return 0 if caught else 1  # the demo succeeds when the doctor catches every injected fault
+
+
+def _write_pt(path: str, obj) -> None:
+    """A torch.save-format archive of plain data (zip, stored, archive/data.pkl), without torch."""
+    import pickle
+    import zipfile
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("archive/data.pkl", pickle.dumps(obj, protocol=2))
+        zf.writestr("archive/byteorder", "little")
+        zf.writestr("archive/version", "3\n")
+
+
+def build_rl_step(root: str) -> str:
+    """A NeMo-RL async GRPO step_7 whose dataloader ran one batch ahead of the saved cursor."""
+    import hashlib
+    d = os.path.join(root, "step_7")
+    os.makedirs(os.path.join(d, "data_plane"), exist_ok=True)
+    with open(os.path.join(d, "training_info.json"), "w") as fh:
+        json.dump({"consumed_samples": 28, "current_step": 7, "current_epoch": 0, "total_steps": 7,
+                   "trainer_version": 7, "sampler_name": "in_order", "sampler_dispatch_index": 6}, fh)
+    with open(os.path.join(d, "config.yaml"), "w") as fh:
+        fh.write("grpo: {num_prompts_per_step: 4, num_generations_per_prompt: 8}\n"
+                 "async_rl: {sampler: {name: in_order, max_lookahead_versions: 1}}\n")
+    _write_pt(os.path.join(d, "train_dataloader.pt"),
+              {"_num_yielded": 8, "_sampler_iter_yielded": 8, "_iterator_finished": False})
+    groups = [{"group_id": f"g{i}", "target_step": 7, "start_weight": 6, "end_weight": 6,
+               "meta": {"sample_ids": [f"g{i}_g{j}" for j in range(8)]}} for i in range(4)]
+    digest = hashlib.sha256(b"g0g1g2g3").hexdigest()
+    _write_pt(os.path.join(d, "replay_buffer_metadata.pt"),
+              {"schema_version": 1, "manifest_digest": digest, "groups": groups})
+    with open(os.path.join(d, "data_plane", "metadata.json"), "w") as fh:
+        json.dump({"user_metadata": {"replay_manifest_digest": digest, "replay_group_count": 4,
+                                     "single_controller_train_steps": 7,
+                                     "single_controller_trainer_version": 7}}, fh)
+    return d
+
+
+def _reconcile_scene(root: str, fmt: str, out) -> bool:
+    from .cli import _engine
+    from .commands import reconcile as flow
+    from .report import render
+    step = build_rl_step(os.path.join(root, "nemo-rl-run"))
+    if fmt == "text":
+        out.write(f"\n# scene 3: an RL checkpoint (NeMo-RL async GRPO) saved with its sampler cursor at 6, "
+                  f"4 finished groups for step 7,\n# and a dataloader that had already pulled batch 8\n"
+                  f"$ ckptdoctor reconcile --simulate {step}\n")
+    view = flow.load(step, None, [])
+    eng = _engine("reconcile", step, None, None, None, None, None, True, False)
+    flow.run(view, eng, simulate=True)
+    render(eng.report, fmt, out)
+    found = "CKD303" in eng.report.rules()
+    written, backup, change = flow.fix(view)
+    view = flow.load(step, None, [])
+    eng2 = _engine("reconcile", step, None, None, None, None, None, True, False)
+    flow.run(view, eng2, simulate=True)
+    if fmt == "text":
+        out.write(f"\n$ ckptdoctor reconcile --fix {step}\n# {change}; backup {os.path.basename(backup)}\n")
+    render(eng2.report, fmt, out)
+    return found and not eng2.report.failed()
