@@ -39,3 +39,16 @@ def cli(*args, env=None, cwd=None, input=None, timeout=120):
     p = subprocess.run([sys.executable, "-m", "ckptdoctor", *args], capture_output=True, text=True,
                        env=e, cwd=cwd, input=input, timeout=timeout)
     return p.returncode, p.stdout, p.stderr
+
+
+def as_unprivileged() -> list[str]:
+    """Command prefix that makes permission bits bite.  As root (how CI runs) drop the two
+    capabilities that bypass them, so the real CLI meets a real EACCES; otherwise none needed."""
+    if os.geteuid() != 0:
+        return []
+    import shutil
+    import pytest
+    if not shutil.which("setpriv"):
+        pytest.skip("running as root without setpriv(1): cannot drop CAP_DAC_OVERRIDE")
+    caps = "-dac_override,-dac_read_search"
+    return ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}"]

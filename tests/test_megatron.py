@@ -4,7 +4,7 @@ import shutil
 
 from ckptdoctor import api
 from conftest import needs_torch
-from helpers import assert_fires, assert_fires_json, assert_no_errors
+from helpers import as_unprivileged, assert_fires, assert_fires_json, assert_no_errors
 
 pytestmark = needs_torch
 
@@ -113,19 +113,6 @@ def test_torchtitan_resumes_from_highest_step_with_marker_even_if_broken(real):
     assert rep.facts["newest_complete"] == "step-20"   # ckptdoctor's verdict
 
 
-def _as_unprivileged() -> list[str]:
-    """Command prefix that makes permission bits bite.  As root (how CI runs) drop the two
-    capabilities that bypass them, so the real CLI meets a real EACCES; otherwise none needed."""
-    if os.geteuid() != 0:
-        return []
-    import shutil
-    import pytest
-    if not shutil.which("setpriv"):
-        pytest.skip("running as root without setpriv(1): cannot drop CAP_DAC_OVERRIDE")
-    caps = "-dac_override,-dac_read_search"
-    return ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}"]
-
-
 def test_unreadable_checkpoint_dir(real):
     import json
     import subprocess
@@ -133,7 +120,7 @@ def test_unreadable_checkpoint_dir(real):
     d = real("megatron_run")
     os.chmod(d / "iter_0000100", 0)
     try:
-        p = subprocess.run(_as_unprivileged() + [sys.executable, "-m", "ckptdoctor", "verify",
+        p = subprocess.run(as_unprivileged() + [sys.executable, "-m", "ckptdoctor", "verify",
                                                  "--format", "json", str(d)],
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 1, p.stderr

@@ -11,7 +11,7 @@ import pytest
 from ckptdoctor import api
 from ckptdoctor.runstate.simulate import SimInput, restored_with_ids, simulate
 from conftest import needs_torch
-from helpers import assert_fires, assert_no_errors, cli
+from helpers import as_unprivileged, assert_fires, assert_no_errors, cli
 
 # ---- simulator: the eight seed cases of reconcile.md §6 (N=4, L=1, T=7) ----------------------
 T7 = [(7, None)] * 4
@@ -403,3 +403,30 @@ def test_reconcile_needs_no_torch(nemo):
     p = subprocess.run([sys.executable, "-c", code, d], capture_output=True, text=True)
     assert p.returncode == 1, p.stderr
     assert "CKD303" in p.stdout
+
+
+@needs_torch
+def test_fix_refuses_a_read_only_checkpoint(nemo):
+    d = nemo(cursor=6, batches=8)
+    before = _snapshot(d)
+    os.chmod(d, 0o555)
+    try:
+        p = subprocess.run(as_unprivileged() + [sys.executable, "-m", "ckptdoctor", "reconcile", "--fix", d],
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        os.chmod(d, 0o755)
+    assert p.returncode == 2 and "not writable" in p.stderr and "--fix-output" in p.stderr, p.stderr
+    assert _snapshot(d) == before
+
+
+@needs_torch
+def test_object_store_checkpoint_reconciles_but_fix_needs_an_output(nemo):
+    import fsspec
+    from ckptdoctor.commands import reconcile as flow
+    from ckptdoctor.engine.errors import UsageError
+    d = nemo(cursor=6, batches=8)
+    fsspec.filesystem("memory").put(d, "memory://rl/run/step_7", recursive=True)
+    rep = api.reconcile("memory://rl/run/step_7")
+    assert_fires(rep, "CKD303", path_contains="memory://rl/run/step_7/train_dataloader.pt")
+    with pytest.raises(UsageError, match="--fix-output"):
+        flow.fix(flow.load("memory://rl/run/step_7", None, []))
