@@ -5,11 +5,11 @@ same rule engine the commands use.  Heavy modules (torch, s3fs) are imported laz
 """
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "verify", "reconcile", "Report", "Finding"]
+__all__ = ["__version__", "verify", "reconcile", "publish", "save_and_publish", "Report", "Finding"]
 
 
 def __getattr__(name):  # lazy: keep `import ckptdoctor` cheap
-    if name in ("verify", "reconcile", "manifest", "publish"):
+    if name in ("verify", "reconcile", "manifest", "publish", "save_and_publish"):
         from . import api
         return getattr(api, name)
     if name in ("Report", "Finding"):

@@ -171,11 +171,42 @@ def _not_landed(command: str, issue: int):
                     f"no check was run")
 
 
+class TrackerOpt(str, Enum):
+    auto = "auto"
+    none = "none"
+    megatron = "megatron"
+    verl = "verl"
+    deepspeed = "deepspeed"
+
+
 @app.command(rich_help_panel="Publishing")
-def publish(src: str = typer.Argument(..., help="Checkpoint directory to publish."),
-            dest_root: str = typer.Argument(..., help="Destination run root (path or fsspec URL).")):
-    """Copy a checkpoint so it appears whole or not at all (not implemented yet)."""
-    _not_landed("publish", 6)
+def publish(
+    src: str = typer.Argument(..., help="Local checkpoint directory to publish (e.g. node-local NVMe)."),
+    dest_root: str = typer.Argument(..., help="Destination run root: a path or an fsspec URL (s3://...)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Name under DEST_ROOT [default: basename of SRC]."),
+    tracker: TrackerOpt = typer.Option(TrackerOpt.auto, "--tracker", help="Tracker to update last: auto "
+                                       "(from the checkpoint name and DEST_ROOT), none, or a format."),
+    replace: bool = typer.Option(False, "--replace", help="Replace an existing checkpoint of the same name "
+                                 "with different content (atomic exchange; local destinations only)."),
+    force: bool = typer.Option(False, "--force", help="Publish even if the source fails verification."),
+    keep_last: Optional[int] = typer.Option(None, "--keep-last", help="After committing, keep only the newest "
+                                            "K checkpoints (never the tracker target or one being written)."),
+    keep_every: Optional[int] = typer.Option(None, "--keep-every", help="Also keep every checkpoint whose "
+                                             "step is a multiple of M."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Parallel file copies [default: 2 x cores, max 8]."),
+    select: Optional[List[str]] = SelectOpt, ignore: Optional[List[str]] = IgnoreOpt,
+    fail_on: Optional[Level] = FailOnOpt, severity: Optional[List[str]] = SeverityOpt,
+    config: Optional[str] = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
+    debug: bool = DebugOpt, quiet: bool = QuietOpt,
+):
+    """Copy a checkpoint so it appears whole or not at all: verify, copy+hash, fsync, manifest,
+    rename, then the tracker; optional retention."""
+    _logging(quiet, debug)
+    from .commands import publish as flow
+    eng = _engine("publish", src, select, ignore, fail_on, severity, config, isolated, debug)
+    flow.run(src, dest_root, eng, name=name, force=force, replace=replace, tracker=tracker.value,
+             keep_last=keep_last, keep_every=keep_every, workers=workers, quiet=quiet)
+    _finish(eng, format)  # refused = the source's error findings, so the exit status is 1
 
 
 @app.command(rich_help_panel="Inspection")

@@ -77,7 +77,8 @@ def content(ck, eng) -> ContentResult | None:
     if work:
         from ..report.progress import Progress
         prog = Progress(res.bytes, f"hashing {ck.name}", enabled=not eng.opt("quiet", False))
-        digests = hashing.hash_units(ck.storage, [w[0] for w in work], eng.opt("workers"), prog)
+        st = ck.storage.sub(ck.rel) if ck.rel else ck.storage  # units are relative to the checkpoint
+        digests = hashing.hash_units(st, [w[0] for w in work], eng.opt("workers"), prog)
         prog.close()
         for u, exp, source in work:
             got, nread = digests[u]

@@ -17,6 +17,7 @@ CHECK_MODULES = (
     "ckptdoctor.checks.verify_layout",
     "ckptdoctor.checks.verify_trackers",
     "ckptdoctor.checks.verify_checksums",
+    "ckptdoctor.checks.verify_publish",
     "ckptdoctor.checks.reconcile",
     "ckptdoctor.checks.tool",
 )

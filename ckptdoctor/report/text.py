@@ -75,6 +75,8 @@ def render(report, out) -> None:
                            f"before relaunching", style="yellow"))
     if "positions" in facts:
         _reconcile(con, facts)
+    if "published" in facts:
+        _publish(con, facts)
     for line in facts.get("notes") or []:
         con.print(Text(line))
     s = report.summary
@@ -126,3 +128,29 @@ def _ids(ids) -> str:
         return "none"
     shown = ", ".join(f"p{i}" if isinstance(i, int) else str(i) for i in ids[:8])
     return f"{len(ids)} ({shown}{', ...' if len(ids) > 8 else ''})"
+
+
+def _publish(con, facts) -> None:
+    res = facts.get("published")
+    if res is None:
+        con.print(Text(f"not published: {facts.get('refused', 'refused')}", style="bold red"))
+        return
+    dest = res["dest"].rstrip("/") + "/" + res["name"]
+    verb = {"published": "published", "replaced": "replaced", "unchanged": "unchanged (already published)"}
+    rate = res["bytes"] / res["seconds"] / 1e6 if res["seconds"] else 0
+    con.print(Text(f"{verb.get(res['status'], res['status'])}: {dest}  ({res['files']} files, "
+                   f"{_size(res['bytes'])}, {res['seconds']:.2f} s, {rate:.0f} MB/s)", style="bold green"))
+    tr = res.get("tracker")
+    if tr:
+        if tr["written"]:
+            con.print(Text(f"tracker {tr['file']}: {tr['old']!r} -> {tr['new']!r}"))
+        else:
+            con.print(Text(f"tracker {tr['file']} unchanged: {tr['note']}", style="yellow"))
+    for n in res.get("pruned") or []:
+        con.print(Text(f"pruned {n}"))
+    for n, why in (res.get("kept") or {}).items():
+        con.print(Text(f"kept {n}: {why}", style="dim"))
+    for n in res.get("cleaned") or []:
+        con.print(Text(f"removed own stale leftover {n}", style="dim"))
+    for n in res.get("notes") or []:
+        con.print(Text(n, style="dim"))

@@ -1,0 +1,57 @@
+"""publish flow: verify the source with the shared engine, then commit it (ckptdoctor.publishing.flow)."""
+from __future__ import annotations
+
+import os
+
+from ..engine.errors import InputError, UsageError
+from ..engine.runner import Engine
+from ..io.fs import open_location
+from ..publishing import flow as pf
+from ..report.progress import Progress
+from . import verify as vflow
+
+
+def run(src: str, dest_root: str, engine: Engine, *, name: str | None = None, force: bool = False,
+        replace: bool = False, tracker: str = "auto", keep_last: int | None = None,
+        keep_every: int | None = None, workers: int | None = None, quiet: bool = False) -> pf.PublishResult | None:
+    """Returns the result, or None when the source failed verification (findings in the report)."""
+    if "://" in src and not src.startswith("file://"):
+        raise UsageError(f"{src}: publish copies from a local checkpoint directory (node-local disk)")
+    src = src[len("file://"):] if src.startswith("file://") else src
+    src = os.path.abspath(src)
+    st = open_location(src)
+    what = vflow.build(st, None)
+    if what is None or what[0] != "checkpoint":
+        raise UsageError(f"{src}: not a checkpoint directory (give one checkpoint, not a run root)")
+    ck = what[1]
+    status = vflow.check_checkpoint(engine, ck)
+    rep = engine.report
+    rep.facts["source"] = {"path": src, "layout": ck.layout.name, "complete": status.complete}
+    if not status.complete and not force:
+        rep.facts["published"] = None
+        rep.facts["refused"] = "the source fails verification; fix it or pass --force"
+        return None
+    name = name or os.path.basename(src.rstrip("/"))
+    if not name or name.startswith(".") or "/" in name:
+        raise UsageError(f"--name {name!r}: a plain directory name is needed")
+    if keep_last is not None and keep_last < 1:
+        raise UsageError("--keep-last must be at least 1 (the checkpoint just published is always kept)")
+    if keep_every is not None and keep_every < 1:
+        raise UsageError("--keep-every must be at least 1")
+
+    def progress(total, label):
+        return Progress(total, label, enabled=not quiet)
+
+    markers = {m for group in ck.layout.markers for m in group}
+    common = dict(replace=replace, tracker=tracker, keep_last=keep_last, keep_every=keep_every,
+                  workers=workers, progress_factory=progress)
+    try:
+        if pf.is_remote(dest_root):
+            res = pf.publish_remote(src, dest_root, name, markers, ck.layout.name, **common)
+        else:
+            root = dest_root[len("file://"):] if dest_root.startswith("file://") else dest_root
+            res = pf.publish_local(src, os.path.abspath(root), name, ck.layout.name, **common)
+    except OSError as exc:
+        raise InputError(f"publish: {exc}") from None
+    rep.facts["published"] = res.to_json()
+    return res

@@ -1,0 +1,1 @@
+"""publish: copy a checkpoint so it appears whole or not at all, then move the tracker."""

@@ -1,0 +1,136 @@
+"""Copy a checkpoint's files while hashing them: each byte is read once, written once, hashed once.
+
+Files are copied by a thread pool (read/write/fsync and xxh3 for large buffers release the GIL),
+each worker with its own 8 MiB buffer.  Digests follow the manifest's rule (one xxh3-128 per
+64 MiB range), so the manifest comes out of the copy for free.  A source file whose size or
+mtime moves while it is copied aborts the publish (SourceChanged): copying a checkpoint that is
+still being written is how half-written checkpoints get published.
+"""
+from __future__ import annotations
+
+import os
+import stat as _stat
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import xxhash
+
+from ..io.hashing import CHUNK_BYTES, _buf
+from . import faults
+
+
+class SourceChanged(OSError):
+    pass
+
+
+@dataclass
+class Copied:
+    rel: str
+    size: int
+    digests: list[str]
+
+
+def list_tree(src: str) -> tuple[list[str], dict[str, int]]:
+    """(directories, files -> size) under src, relative with '/'.  Symlinks are refused."""
+    dirs, files = [], {}
+    for dp, dn, fn in os.walk(src):
+        rel_dp = os.path.relpath(dp, src)
+        for d in sorted(dn):
+            p = os.path.join(dp, d)
+            if os.path.islink(p):
+                raise OSError(f"{p}: symlink inside the checkpoint; publish copies only real files")
+            dirs.append(d if rel_dp == "." else f"{rel_dp}/{d}".replace(os.sep, "/"))
+        for f in sorted(fn):
+            p = os.path.join(dp, f)
+            st = os.lstat(p)
+            if _stat.S_ISLNK(st.st_mode):
+                raise OSError(f"{p}: symlink inside the checkpoint; publish copies only real files")
+            if not _stat.S_ISREG(st.st_mode):
+                raise OSError(f"{p}: not a regular file")
+            files[f if rel_dp == "." else f"{rel_dp}/{f}".replace(os.sep, "/")] = st.st_size
+    return dirs, files
+
+
+def copy_file(src: str, dst: str, rel: str, chunk: int = CHUNK_BYTES, progress=None) -> Copied:
+    st0 = os.stat(src)
+    buf = _buf()
+    digests: list[str] = []
+    h = xxhash.xxh3_128()
+    left = chunk
+    total = 0
+    with open(src, "rb") as fi:
+        try:
+            os.posix_fadvise(fi.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        except (AttributeError, OSError):
+            pass
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, st0.st_mode & 0o777 | 0o200)
+        try:
+            while True:
+                n = fi.readinto(buf[:min(len(buf), left)])
+                if not n:
+                    break
+                view = buf[:n]
+                faults.wrote(n)
+                written = 0
+                while written < n:
+                    written += os.write(fd, view[written:])
+                h.update(view)
+                total += n
+                left -= n
+                if left == 0:
+                    digests.append(h.hexdigest())
+                    h = xxhash.xxh3_128()
+                    left = chunk
+                if progress:
+                    progress(n)
+            if total == 0 or total % chunk:
+                digests.append(h.hexdigest())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    st1 = os.stat(src)
+    if total != st0.st_size or (st1.st_size, st1.st_mtime_ns) != (st0.st_size, st0.st_mtime_ns):
+        raise SourceChanged(f"{src}: changed while being copied (size {st0.st_size} -> {st1.st_size}, "
+                            f"read {total}); is the checkpoint still being written?")
+    os.utime(dst, ns=(st0.st_atime_ns, st0.st_mtime_ns))  # keep 'marker written last' evidence
+    return Copied(rel, total, digests)
+
+
+def copy_tree(src: str, dst: str, dirs: list[str], files: dict[str, int], workers: int | None = None,
+              progress=None, chunk: int = CHUNK_BYTES) -> dict[str, Copied]:
+    for d in dirs:
+        os.makedirs(os.path.join(dst, d), exist_ok=True)
+    # largest first, so one big shard does not start last and set the wall time
+    order = sorted(files, key=lambda r: -files[r])
+    workers = workers or min(8, 2 * (os.cpu_count() or 1))
+    out: dict[str, Copied] = {}
+    first = True
+    if workers <= 1 or len(order) <= 1:
+        for rel in order:
+            out[rel] = copy_file(os.path.join(src, rel), os.path.join(dst, rel), rel, chunk, progress)
+            if first:
+                faults.point("copy")
+                first = False
+        return out
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckd-copy") as ex:
+        futs = {rel: ex.submit(copy_file, os.path.join(src, rel), os.path.join(dst, rel), rel, chunk, progress)
+                for rel in order}
+        errors = []
+        for rel, f in futs.items():
+            try:
+                out[rel] = f.result()
+            except BaseException as exc:  # collect; the first error is raised after the pool drains
+                errors.append(exc)
+            if first:
+                faults.point("copy")
+                first = False
+        if errors:
+            raise errors[0]
+    return out
+
+
+def fsync_tree_dirs(root: str, dirs: list[str]) -> None:
+    from ..io.atomic import fsync_dir
+    for d in sorted(dirs, key=lambda p: -p.count("/")):
+        fsync_dir(os.path.join(root, d))
+    fsync_dir(root)

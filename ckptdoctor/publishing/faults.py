@@ -1,0 +1,33 @@
+"""Deterministic fault injection for the crash tests (environment variables, off by default).
+
+CKPTDOCTOR_TEST_KILL_AT=PHASE     SIGKILL this process when publish reaches PHASE
+                                  (copy, manifest, rename, swap, tracker-temp, tracker, prune, upload)
+CKPTDOCTOR_TEST_ENOSPC_AFTER=N    fail a write with ENOSPC once N bytes were copied (for machines
+                                  where the tests cannot mount a small filesystem)
+"""
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import threading
+
+_KILL_AT = os.environ.get("CKPTDOCTOR_TEST_KILL_AT")
+_ENOSPC_AFTER = os.environ.get("CKPTDOCTOR_TEST_ENOSPC_AFTER")
+_written = 0
+_lock = threading.Lock()
+
+
+def point(phase: str) -> None:
+    if _KILL_AT and _KILL_AT == phase:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def wrote(n: int) -> None:
+    global _written
+    if _ENOSPC_AFTER is None:
+        return
+    with _lock:
+        _written += n
+        if _written > int(_ENOSPC_AFTER):
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")

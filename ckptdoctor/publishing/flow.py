@@ -1,0 +1,448 @@
+"""publish: a checkpoint appears at DEST_ROOT/<name> whole or not at all, then the tracker moves.
+
+Local destination (one filesystem, rename is atomic):
+  verify SRC -> copy+hash into DEST_ROOT/.<name>.ckptdoctor-tmp-<host>-<pid>-<nonce> -> fsync files
+  -> manifest -> fsync dirs -> renameat2(NOREPLACE) to <name> (or RENAME_EXCHANGE for --replace)
+  -> fsync DEST_ROOT -> tracker (temp, fsync, rename, fsync) -> retention.
+Object store (no rename): write <name>/.ckptdoctor-publishing, upload data objects, then the
+framework's markers, confirm every size with one listing per directory, write the manifest with
+exclusive create (the commit), remove the in-progress object, then the tracker.
+"""
+from __future__ import annotations
+
+import datetime
+import errno
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+
+from .. import __version__
+from ..engine.errors import CkptDoctorError, InputError, TransientError, UsageError
+from ..io import hashing
+from ..io.atomic import fsync_dir, rename_exchange, rename_noreplace, write_new
+from ..io.fs import LocalStorage, is_transient, is_url
+from ..layouts import manifest as mf
+from . import faults, naming, retention
+from .copier import SourceChanged, copy_tree, fsync_tree_dirs, list_tree
+
+
+class PublishRefused(CkptDoctorError):
+    exit_code = 1
+
+
+@dataclass
+class PublishResult:
+    source: str
+    dest: str
+    name: str
+    status: str = "published"          # published | unchanged | replaced
+    files: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    tracker: dict | None = None        # {file, old, new, written, note}
+    pruned: list[str] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)
+    cleaned: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _manifest(copied: dict, layout: str | None, chunk: int) -> bytes:
+    return mf.build({r: c.size for r, c in copied.items()},
+                    {(r, i): d for r, c in copied.items() for i, d in enumerate(c.digests)},
+                    chunk_bytes=chunk, layout=layout, tool=f"ckptdoctor {__version__}", created=_now())
+
+
+def _same_content(src: str, files: dict[str, int], manifest_bytes: bytes, workers, progress) -> bool:
+    """Does a published manifest describe exactly SRC's bytes?  Hashes SRC (one read)."""
+    try:
+        want = mf.parse(manifest_bytes, mf.NAME)
+    except mf.ManifestError:
+        return False
+    if set(want) != set(files) or any(want[r].size != files[r] for r in files):
+        return False
+    chunk = next(iter(want.values())).chunk_bytes if want else hashing.CHUNK_BYTES
+    st = LocalStorage(src)
+    units = [u for r, s in files.items() for u in hashing.units_for(r, s, chunk=chunk)]
+    got = hashing.hash_units(st, units, workers, progress)
+    return all(want[u.rel].digests[u.index] == got[u][0] for u in units)
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def _clean_own_leftovers(root: str, name: str, result: PublishResult) -> None:
+    """Remove what earlier, dead publishes of `name` (or tracker writes) left here; only ours."""
+    trackers = {f.file for f in naming.formats().values() if f.file}
+    for e in sorted(os.listdir(root)):
+        own = naming.parse_own(e)
+        if not own:
+            continue
+        if own["kind"] == "trash":  # already renamed away from its live name: always safe to delete
+            _remove(os.path.join(root, e))
+            result.cleaned.append(e)
+            continue
+        if own["name"] not in trackers | {name}:
+            continue  # another checkpoint's publish: not ours to judge
+        if own["host"] != naming.HOST:
+            result.notes.append(f"left alone: {e} (a publish of {name} from host {own['host']}; "
+                                f"remove it once that publish is known dead)")
+            continue
+        if naming.pid_alive(int(own["pid"])) and int(own["pid"]) != os.getpid():
+            raise UsageError(f"another publish of {name} is in progress here (pid {own['pid']}, {e}); "
+                             f"wait for it or kill it first")
+        _remove(os.path.join(root, e))
+        result.cleaned.append(e)
+    if result.cleaned:
+        fsync_dir(root)
+
+
+def _write_tracker(root: str, fmt: naming.TrackerFormat, name: str, entries: list[str], result: PublishResult):
+    path = os.path.join(root, fmt.file)
+    old = None
+    if os.path.exists(path):
+        with open(path, "r", errors="replace") as fh:
+            old = fh.read(256)
+    new = fmt.render(name)
+    info = {"file": path, "format": fmt.name, "old": old, "new": new, "written": False, "note": None}
+    result.tracker = info
+    if old is not None and old.strip() == new:
+        info["note"] = "already names this checkpoint"
+        return
+    old_step, new_step = (fmt.parse(old) if old is not None else None), fmt.step_of(name)
+    if old_step is not None and new_step is not None and old_step > new_step \
+            and fmt.dir_for(old, entries + [name]) is not None:
+        info["note"] = (f"left at {old.strip()!r}: it names a newer checkpoint than {name}; "
+                        f"a tracker never moves backwards")
+        return
+    tmp = os.path.join(root, naming.temp_name(fmt.file))
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(new.encode())
+            fh.flush()
+            os.fsync(fh.fileno())
+        faults.point("tracker-temp")
+        os.replace(tmp, path)
+        fsync_dir(root)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    info["written"] = True
+    faults.point("tracker")
+
+
+def publish_local(src: str, dest_root: str, name: str, layout: str | None, *, replace: bool, tracker: str,
+                  keep_last, keep_every, workers, progress_factory) -> PublishResult:
+    t0 = time.perf_counter()
+    res = PublishResult(src, dest_root, name)
+    try:
+        os.makedirs(dest_root, exist_ok=True)
+    except PermissionError:
+        raise InputError(f"{dest_root}: destination not writable (permission denied)") from None
+    except OSError as exc:
+        raise InputError(f"{dest_root}: cannot create destination: {exc.strerror or exc}") from None
+    if not os.access(dest_root, os.W_OK | os.X_OK):
+        raise InputError(f"{dest_root}: destination not writable")
+    dirs, files = list_tree(src)
+    files.pop(mf.NAME, None)  # the published manifest is computed from the bytes copied
+    res.files, res.bytes = len(files), sum(files.values())
+    _clean_own_leftovers(dest_root, name, res)
+    final = os.path.join(dest_root, name)
+    exists = os.path.lexists(final)
+    if exists:
+        man = os.path.join(final, mf.NAME)
+        prog = progress_factory(res.bytes, f"comparing {name}")
+        same = os.path.exists(man) and _same_content(src, files, open(man, "rb").read(), workers, prog)
+        prog.close()
+        if same:
+            res.status = "unchanged"
+            res.notes.append(f"{final} already holds exactly these bytes (manifest matches); nothing copied")
+            _after_commit(dest_root, name, res, tracker, keep_last, keep_every)
+            res.seconds = time.perf_counter() - t0
+            return res
+        if not replace:
+            raise UsageError(f"{final}: exists with different content; refusing to overwrite a published "
+                             f"checkpoint (use --replace, or publish under another name)")
+    tmp = os.path.join(dest_root, naming.temp_name(name))
+    try:
+        os.mkdir(tmp, 0o755)
+    except PermissionError:
+        raise InputError(f"{dest_root}: destination not writable (permission denied)") from None
+    try:
+        prog = progress_factory(res.bytes, f"publishing {name}")
+        try:
+            copied = copy_tree(src, tmp, dirs, files, workers, prog)
+        finally:
+            prog.close()
+        src_man = os.path.join(src, mf.NAME)
+        if os.path.exists(src_man):  # the source's own manifest must agree with what was read
+            _check_source_manifest(src_man, copied)
+        write_new(os.path.join(tmp, mf.NAME), _manifest(copied, layout, hashing.CHUNK_BYTES))
+        faults.point("manifest")
+        fsync_tree_dirs(tmp, dirs)
+        if exists:
+            _swap(tmp, final, dest_root, name)
+            res.status = "replaced"
+        else:
+            try:
+                rename_noreplace(tmp, final)
+            except FileExistsError:
+                raise UsageError(f"{final}: appeared while publishing (another publisher?); "
+                                 f"nothing replaced") from None
+            fsync_dir(dest_root)
+        faults.point("rename")
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, SourceChanged):
+            raise InputError(f"publish aborted: {exc}; nothing published, tracker untouched") from None
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise InputError(f"{dest_root}: no space left (or quota exceeded) after copying part of "
+                             f"{name}; temporary copy removed, tracker untouched") from None
+        if isinstance(exc, PermissionError):
+            raise InputError(f"{exc.filename or dest_root}: permission denied while publishing; "
+                             f"temporary copy removed, tracker untouched") from None
+        raise
+    _after_commit(dest_root, name, res, tracker, keep_last, keep_every)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _check_source_manifest(path: str, copied: dict) -> None:
+    try:
+        want = mf.parse(open(path, "rb").read(), mf.NAME)
+    except mf.ManifestError:
+        return  # verify reports a corrupt manifest (CKD154); publish writes a fresh one
+    chunk_ok = all(e.chunk_bytes == hashing.CHUNK_BYTES for e in want.values())
+    for rel, e in want.items():
+        c = copied.get(rel)
+        if c is None or c.size != e.size or (chunk_ok and c.digests != e.digests):
+            raise SourceChanged(f"{rel}: the source's bytes differ from its own {mf.NAME} "
+                                f"(corrupted or rewritten since the manifest)")
+
+
+def _swap(tmp: str, final: str, root: str, name: str) -> None:
+    """--replace: exchange atomically where the kernel can; the old tree then sits at tmp."""
+    if rename_exchange(tmp, final):
+        fsync_dir(root)
+        faults.point("swap")
+        trash = os.path.join(root, naming.trash_name(name))
+        os.rename(tmp, trash)
+        fsync_dir(root)
+        shutil.rmtree(trash, ignore_errors=True)
+        return
+    # no renameat2: move the old one to trash, then the new one in (a short window with neither)
+    trash = os.path.join(root, naming.trash_name(name))
+    os.rename(final, trash)
+    faults.point("swap")
+    os.rename(tmp, final)
+    fsync_dir(root)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _after_commit(root: str, name: str, res: PublishResult, tracker: str, keep_last, keep_every) -> None:
+    entries = sorted(os.listdir(root))
+    fmt = naming.choose_format(tracker, name, set(entries))
+    if fmt is not None and fmt.file:
+        _write_tracker(root, fmt, name, entries, res)
+    elif tracker != "none":
+        res.notes.append("no tracker written" + (f" ({fmt.name} resumes from the newest directory)"
+                                                 if fmt else " (no known naming for this checkpoint)"))
+    if keep_last is None and not keep_every:
+        return
+    fmt = fmt or naming.choose_format("auto", name, set(entries))
+    if fmt is None:
+        raise UsageError(f"retention needs a known checkpoint naming (iter_NNNNNNN, global_step_N, step-N, "
+                         f"step_N, checkpoint-N); {name!r} is none of them")
+    protect = {name: "just published (newest verified)"}
+    if fmt.file and os.path.exists(os.path.join(root, fmt.file)):
+        with open(os.path.join(root, fmt.file), errors="replace") as fh:
+            d = fmt.dir_for(fh.read(256), entries)
+        if d:
+            protect.setdefault(d, "the tracker names it")
+    plan = retention.plan(entries, fmt, keep_last=keep_last, keep_every=keep_every, protect=protect)
+    retention.prune(root, plan.removed)
+    res.pruned, res.kept = plan.removed, plan.kept
+
+
+# ---- object stores ------------------------------------------------------------------------------
+def publish_remote(src: str, dest_root: str, name: str, markers: set[str], layout: str | None, *, replace: bool,
+                   tracker: str, keep_last, keep_every, workers, progress_factory) -> PublishResult:
+    import fsspec
+    t0 = time.perf_counter()
+    res = PublishResult(src, dest_root, name)
+    if replace:
+        raise UsageError("--replace is refused on object stores: without an atomic rename a replaced "
+                         "checkpoint would be a mix of two generations; publish under a new name")
+    try:
+        fs, root = fsspec.core.url_to_fs(dest_root)
+    except (ImportError, ValueError) as exc:
+        raise InputError(f"{dest_root}: {exc}") from None
+    root = root.rstrip("/")
+    final = f"{root}/{name}"
+    dirs, files = list_tree(src)
+    files.pop(mf.NAME, None)
+    res.files, res.bytes = len(files), sum(files.values())
+    inprog = naming.in_progress_object()
+    try:
+        if fs.exists(f"{final}/{mf.NAME}"):
+            prog = progress_factory(res.bytes, f"comparing {name}")
+            same = _same_content(src, files, fs.cat_file(f"{final}/{mf.NAME}"), workers, prog)
+            prog.close()
+            if same:
+                res.status = "unchanged"
+                res.notes.append(f"{dest_root.rstrip('/')}/{name} already holds exactly these bytes")
+                if fs.exists(f"{final}/{inprog}"):
+                    fs.rm_file(f"{final}/{inprog}")
+                _remote_after_commit(fs, root, name, res, tracker, keep_last, keep_every)
+                res.seconds = time.perf_counter() - t0
+                return res
+            raise UsageError(f"{dest_root.rstrip('/')}/{name}: exists with different content; publish under "
+                             f"another name")
+        fs.pipe_file(f"{final}/{inprog}", json.dumps({"host": naming.HOST, "pid": os.getpid(),
+                                                      "started": _now()}).encode())
+        data = sorted((r for r in files if r not in markers), key=lambda r: -files[r])
+        last = sorted(r for r in files if r in markers)
+        prog = progress_factory(res.bytes, f"uploading {name}")
+        try:
+            copied = _upload(fs, src, final, data, workers, prog)
+            faults.point("upload")
+            copied.update(_upload(fs, src, final, last, workers, prog))  # framework markers after data
+        finally:
+            prog.close()
+        listed = {}
+        for d in {"", *dirs}:
+            base = f"{final}/{d}" if d else final
+            for it in fs.ls(base, detail=True, refresh=True) if "refresh" in fs.ls.__code__.co_varnames \
+                    else fs.ls(base, detail=True):
+                if it.get("type") != "directory":
+                    listed[it["name"][len(final) + 1:]] = it.get("size")
+        bad = [r for r in files if listed.get(r) != files[r]]
+        if bad:
+            raise InputError(f"{dest_root}: uploaded object size mismatch for {bad[0]} "
+                             f"({listed.get(bad[0])} != {files[bad[0]]}); not committed")
+        man = _manifest(copied, layout, hashing.CHUNK_BYTES)
+        try:
+            fs.pipe_file(f"{final}/{mf.NAME}", man, mode="create")
+        except TypeError:  # filesystems without exclusive create
+            if fs.exists(f"{final}/{mf.NAME}"):
+                raise FileExistsError(f"{final}/{mf.NAME}") from None
+            fs.pipe_file(f"{final}/{mf.NAME}", man)
+        except FileExistsError:
+            raise UsageError(f"{final}: another publisher committed first; nothing overwritten") from None
+        faults.point("manifest")
+        fs.rm_file(f"{final}/{inprog}")
+        _remote_after_commit(fs, root, name, res, tracker, keep_last, keep_every)
+    except CkptDoctorError:
+        raise
+    except OSError as exc:
+        if is_transient(exc):
+            raise TransientError(f"{dest_root}: storage unreachable while publishing: {exc}; not committed "
+                                 f"(re-run to finish)") from None
+        raise InputError(f"{dest_root}: {exc}; not committed (re-run to finish)") from None
+    except Exception as exc:
+        if is_transient(exc):
+            raise TransientError(f"{dest_root}: storage unreachable while publishing: {exc}; not committed "
+                                 f"(re-run to finish)") from None
+        raise
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def _upload(fs, src: str, final: str, rels: list[str], workers, progress) -> dict:
+    """Stream each file to its final object name while hashing it (one read).  Multipart uploads
+    complete on close, so an object never appears partially under its name."""
+    import xxhash
+    from concurrent.futures import ThreadPoolExecutor
+    from .copier import Copied
+
+    def one(rel: str) -> Copied:
+        st0 = os.stat(os.path.join(src, rel))
+        digests, h, left, total = [], xxhash.xxh3_128(), hashing.CHUNK_BYTES, 0
+        with open(os.path.join(src, rel), "rb") as fi, fs.open(f"{final}/{rel}", "wb") as fo:
+            while True:
+                b = fi.read(min(8 << 20, left))
+                if not b:
+                    break
+                fo.write(b)
+                h.update(b)
+                total += len(b)
+                left -= len(b)
+                if left == 0:
+                    digests.append(h.hexdigest())
+                    h, left = xxhash.xxh3_128(), hashing.CHUNK_BYTES
+                if progress:
+                    progress(len(b))
+        if total == 0 or total % hashing.CHUNK_BYTES:
+            digests.append(h.hexdigest())
+        st1 = os.stat(os.path.join(src, rel))
+        if total != st0.st_size or (st1.st_size, st1.st_mtime_ns) != (st0.st_size, st0.st_mtime_ns):
+            raise InputError(f"publish aborted: {os.path.join(src, rel)} changed while being uploaded; "
+                             f"not committed")
+        return Copied(rel, total, digests)
+
+    workers = workers or min(8, 2 * (os.cpu_count() or 1))
+    if len(rels) <= 1:
+        return {r: one(r) for r in rels}
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckd-upload") as ex:
+        futs = {r: ex.submit(one, r) for r in rels}
+        return {r: f.result() for r, f in futs.items()}
+
+
+def _remote_after_commit(fs, root: str, name: str, res: PublishResult, tracker: str, keep_last, keep_every):
+    try:
+        entries = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
+    except FileNotFoundError:
+        entries = []
+    fmt = naming.choose_format(tracker, name, set(entries))
+    if fmt is not None and fmt.file:
+        path = f"{root}/{fmt.file}"
+        old = fs.cat_file(path).decode(errors="replace") if fmt.file in entries else None
+        new = fmt.render(name)
+        info = {"file": path, "format": fmt.name, "old": old, "new": new, "written": False, "note": None}
+        res.tracker = info
+        old_step, new_step = (fmt.parse(old) if old else None), fmt.step_of(name)
+        if old is not None and old.strip() == new:
+            info["note"] = "already names this checkpoint"
+        elif old_step is not None and new_step is not None and old_step > new_step:
+            info["note"] = f"left at {old.strip()!r}: a tracker never moves backwards"
+        else:
+            fs.pipe_file(path, new.encode())  # a single PUT: readers see old or new
+            info["written"] = True
+            faults.point("tracker")
+    if keep_last is None and not keep_every:
+        return
+    fmt = fmt or naming.choose_format("auto", name, set(entries))
+    if fmt is None:
+        raise UsageError(f"retention needs a known checkpoint naming; {name!r} is none of them")
+    protect = {name: "just published (newest verified)"}
+    if res.tracker:
+        d = fmt.dir_for(res.tracker["new"] if res.tracker["written"] else (res.tracker["old"] or ""), entries)
+        if d:
+            protect.setdefault(d, "the tracker names it")
+    plan = retention.plan(entries, fmt, keep_last=keep_last, keep_every=keep_every, protect=protect)
+    for victim in plan.removed:  # un-commit first (in-progress object, then manifest), then delete
+        fs.pipe_file(f"{root}/{victim}/{naming.in_progress_object()}", b'{"deleting": true}')
+        if fs.exists(f"{root}/{victim}/{mf.NAME}"):
+            fs.rm_file(f"{root}/{victim}/{mf.NAME}")
+        faults.point("prune")
+        fs.rm(f"{root}/{victim}", recursive=True)
+    res.pruned, res.kept = plan.removed, plan.kept
+
+
+def is_remote(dest_root: str) -> bool:
+    return is_url(dest_root) and not dest_root.startswith("file://")

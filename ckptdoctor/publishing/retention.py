@@ -1,0 +1,68 @@
+"""--keep-last / --keep-every: prune older published checkpoints, only after the new one committed.
+
+Never pruned: the tracker's target, the checkpoint just published (the newest verified one),
+anything a framework or another publish is still writing (a staging sibling exists), and the
+newest K / every M-th step.  Pruning renames to a trash name first (atomic: the checkpoint
+disappears whole), fsyncs the parent, then deletes; a crash leaves only trash, which the next
+publish removes.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+
+from ..io.atomic import fsync_dir
+from . import faults, naming
+
+
+@dataclass
+class Pruned:
+    removed: list[str] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)  # name -> why
+
+
+def plan(entries: list[str], fmt: naming.TrackerFormat, *, keep_last: int | None, keep_every: int | None,
+         protect: dict[str, str]) -> Pruned:
+    steps = sorted(((fmt.step_of(e), e) for e in entries if fmt.step_of(e) is not None), reverse=True)
+    res = Pruned()
+    for i, (step, name) in enumerate(steps):
+        why = protect.get(name)
+        if why is None and keep_last is not None and i < keep_last:
+            why = f"one of the newest {keep_last}"
+        if why is None and keep_every and step % keep_every == 0:
+            why = f"step {step} is a multiple of {keep_every}"
+        if why is None:
+            staging = [e for e in naming.staging_for(name, entries) if not _dead_publish(e)]
+            if staging:
+                why = f"still being written ({staging[0]})"
+        if why is None and keep_last is None and not keep_every:
+            why = "no retention policy given"
+        if why:
+            res.kept[name] = why
+        else:
+            res.removed.append(name)
+    return res
+
+
+def prune(root: str, names: list[str]) -> None:
+    entries = os.listdir(root)
+    for name in names:
+        for e in entries:  # leftovers of dead publishes of a pruned checkpoint go with it
+            own = naming.parse_own(e)
+            if own and own["name"] == name and _dead_publish(e):
+                shutil.rmtree(os.path.join(root, e), ignore_errors=True)
+        trash = os.path.join(root, naming.trash_name(name))
+        os.rename(os.path.join(root, name), trash)
+        fsync_dir(root)
+        faults.point("prune")
+        shutil.rmtree(trash)
+    if names:
+        fsync_dir(root)
+
+
+def _dead_publish(entry: str) -> bool:
+    """A temp of a ckptdoctor publish whose process is gone (this host) is not 'being written'."""
+    own = naming.parse_own(entry)
+    return bool(own) and (own["kind"] == "trash" or
+                          (own["host"] == naming.HOST and not naming.pid_alive(int(own["pid"]))))

@@ -1,0 +1,369 @@
+"""publish: whole or not at all.  Real checkpoints, real subprocesses killed with SIGKILL, a real
+small filesystem for ENOSPC, a real S3-compatible server for object stores."""
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import ckptdoctor
+from ckptdoctor import api
+from ckptdoctor.layouts import dcp_writer as W
+from helpers import as_unprivileged, assert_fires, assert_fires_json, cli
+
+TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def megatron_iter(path, step: int, mb: float = 0.05, ranks: int = 4):
+    """A Megatron torch_dist iteration written by the torch-free DCP writer (torch loads it)."""
+    per = max(1, int(mb * (1 << 20) / 4 / ranks / 64))
+    items = [W.Item("decoder.weight", (ranks * per, 64), (r * per, 0), (per, 64),
+                    [float(step + r)] * (per * 64), rank=r) for r in range(ranks)]
+    items.append(W.Item("iteration", None, payload=W.int_payload(step), rank=0))
+    W.write(str(path), items)
+    with open(os.path.join(path, "metadata.json"), "w") as fh:
+        json.dump({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
+                   "common_backend": "torch", "common_backend_version": 1}, fh)
+    return str(path)
+
+
+def pub(*args, env=None, timeout=120):
+    return cli("publish", "--quiet", *map(str, args), env=env, timeout=timeout)
+
+
+def verify_json(path, *extra):
+    rc, out, err = cli("verify", "--checksums", "--quiet", "--format", "json", str(path), *extra)
+    assert "Traceback" not in err, err
+    return rc, json.loads(out)
+
+
+def tracker_of(root):
+    p = os.path.join(root, TRACKER)
+    return open(p).read() if os.path.exists(p) else None
+
+
+def assert_invariant(dest, previous: str | None):
+    """After any crash: the tracker names a checkpoint that passes verify --checksums, and the
+    previously published checkpoint is intact."""
+    t = tracker_of(dest)
+    if t is not None:
+        target = os.path.join(dest, f"iter_{int(t):07d}")
+        rc, rep = verify_json(target)
+        assert rc == 0, (t, rep["findings"])
+    if previous:
+        rc, rep = verify_json(os.path.join(dest, previous))
+        assert rc == 0, rep["findings"]
+
+
+# ---- the happy path and its contract ------------------------------------------------------------
+def test_publish_real_megatron_checkpoint(real, tmp_path):
+    src = real("megatron_run") / "iter_0000100"
+    dest = tmp_path / "dest"
+    rc, out, err = pub(src, dest)
+    assert rc == 0, (out, err)
+    assert tracker_of(dest) == "100"
+    assert sorted(os.listdir(dest)) == ["iter_0000100", TRACKER]  # no temp left behind
+    rc, rep = verify_json(dest)
+    assert rc == 0 and rep["facts"]["resume_from"] == "iter_0000100", rep["findings"]
+    for f in os.listdir(src):  # bytes and mtimes preserved (the 'marker written last' evidence)
+        a, b = os.stat(src / f), os.stat(dest / "iter_0000100" / f)
+        assert (a.st_size, a.st_mtime_ns) == (b.st_size, b.st_mtime_ns)
+        assert open(src / f, "rb").read() == open(dest / "iter_0000100" / f, "rb").read()
+    man = json.load(open(dest / "iter_0000100" / "ckptdoctor.manifest.json"))
+    assert set(man["files"]) == set(os.listdir(src)) and man["layout"] == "megatron-torch-dist"
+
+
+def test_publish_twice_is_a_no_op_and_replace_needs_the_flag(real, tmp_path):
+    run = real("megatron_run")
+    dest = tmp_path / "dest"
+    assert pub(run / "iter_0000100", dest)[0] == 0
+    rc, out, err = pub(run / "iter_0000100", dest, "--format", "json")
+    assert rc == 0 and json.loads(out)["facts"]["published"]["status"] == "unchanged"
+    # same name, different bytes
+    common = run / "iter_0000100" / "common.pt"
+    data = bytearray(common.read_bytes())
+    data[-30] ^= 1
+    common.write_bytes(bytes(data))
+    rc, out, err = pub(run / "iter_0000100", dest)
+    assert rc == 2 and "exists with different content" in err and "--replace" in err
+    rc, out, err = pub(run / "iter_0000100", dest, "--replace", "--format", "json")
+    assert rc == 0 and json.loads(out)["facts"]["published"]["status"] == "replaced", err
+    assert (dest / "iter_0000100" / "common.pt").read_bytes() == bytes(data)
+    assert verify_json(dest)[0] == 0
+    assert [e for e in os.listdir(dest) if e.startswith(".")] == []
+
+
+def test_broken_source_is_refused_unless_forced(real, tmp_path):
+    src = real("megatron_run") / "iter_0000200"
+    shard = next(src.glob("__0_*.distcp"))
+    os.truncate(shard, 10)
+    dest = tmp_path / "dest"
+    rc, out, err = pub(src, dest, "--format", "json")
+    rep = json.loads(out)
+    assert rc == 1 and rep["facts"]["published"] is None
+    assert any(f["rule"] == "CKD104" for f in rep["findings"])
+    assert not dest.exists() or os.listdir(dest) == []
+    rc, out, err = pub(src, dest, "--force")
+    assert rc == 1 and (dest / "iter_0000200").is_dir()  # published, and the exit status still says broken
+
+
+def test_tracker_never_moves_backwards(real, tmp_path):
+    run = real("megatron_run")
+    dest = tmp_path / "dest"
+    assert pub(run / "iter_0000200", dest)[0] == 0
+    rc, out, err = pub(run / "iter_0000100", dest)
+    assert rc == 0 and tracker_of(dest) == "200" and "never moves backwards" in out
+
+
+def test_retention_keeps_tracker_target_multiples_and_in_flight(tmp_path):
+    src_root, dest = tmp_path / "src", tmp_path / "dest"
+    for s in range(100, 900, 100):
+        megatron_iter(src_root / f"iter_{s:07d}", s)
+    for s in range(100, 800, 100):
+        assert pub(src_root / f"iter_{s:07d}", dest)[0] == 0
+    (dest / TRACKER).write_text("300")              # an operator pinned the run to 300
+    (dest / "iter_0000600.tmp").mkdir()             # a framework is still writing 600's sibling
+    rc, out, err = pub(src_root / "iter_0000800", dest, "--keep-last", "2", "--keep-every", "400",
+                       "--tracker", "none", "--format", "json")
+    assert rc == 0, err
+    res = json.loads(out)["facts"]["published"]
+    left = sorted(e for e in os.listdir(dest) if e.startswith("iter_") and not e.endswith(".tmp"))
+    assert left == ["iter_0000300", "iter_0000400", "iter_0000600", "iter_0000700", "iter_0000800"], res
+    assert sorted(res["pruned"]) == ["iter_0000100", "iter_0000200", "iter_0000500"]
+    assert "tracker" in res["kept"]["iter_0000300"] and "being written" in res["kept"]["iter_0000600"]
+    assert tracker_of(dest) == "300"
+
+
+def test_source_changing_while_copying_aborts(tmp_path):
+    src = megatron_iter(tmp_path / "src" / "iter_0000100", 100)
+    grow = os.path.join(src, "grows.bin")
+    with open(grow, "wb") as fh:
+        fh.write(os.urandom(48 << 20))
+    writer = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "end = time.time() + 30\n"
+        "with open(sys.argv[1], 'ab', buffering=0) as f:\n"
+        "    while time.time() < end:\n"
+        "        f.write(b'x' * 4096); time.sleep(0.0005)\n"), grow])
+    try:
+        time.sleep(0.2)
+        rc, out, err = pub(src, tmp_path / "dest", "--workers", "1")
+    finally:
+        writer.kill()
+        writer.wait()
+    assert rc == 2 and "changed while being copied" in err and "tracker untouched" in err, err
+    assert os.listdir(tmp_path / "dest") == []
+
+
+def test_destination_not_writable(real, tmp_path):
+    dest = tmp_path / "ro"
+    dest.mkdir()
+    os.chmod(dest, 0o555)
+    try:
+        p = subprocess.run(as_unprivileged() + [sys.executable, "-m", "ckptdoctor", "publish", "--quiet",
+                                                str(real("megatron_run") / "iter_0000100"), str(dest)],
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        os.chmod(dest, 0o755)
+    assert p.returncode == 2 and "not writable" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert os.listdir(dest) == []
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A real 1 MiB filesystem (tmpfs) when the tests may mount one; else None."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() == 0 and shutil.which("mount"):
+        p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True)
+        if p.returncode == 0:
+            yield mnt
+            subprocess.run(["umount", "-l", str(mnt)])
+            return
+    yield None
+
+
+def test_disk_full_cleans_up_and_leaves_tracker(tmp_path, small_fs):
+    small = megatron_iter(tmp_path / "src" / "iter_0000100", 100, mb=0.1)
+    big = megatron_iter(tmp_path / "src" / "iter_0000200", 200, mb=2)
+    if small_fs is not None:
+        dest, env = small_fs / "run", None
+    else:  # no mount permission: the same code path through an injected ENOSPC
+        dest, env = tmp_path / "dest", {"CKPTDOCTOR_TEST_ENOSPC_AFTER": str(1 << 20)}
+    assert pub(small, dest)[0] == 0
+    rc, out, err = pub(big, dest, env=env)
+    assert rc == 2 and "no space left" in err and "tracker untouched" in err, err
+    assert sorted(os.listdir(dest)) == ["iter_0000100", TRACKER]
+    assert tracker_of(dest) == "100"
+    assert_invariant(str(dest), "iter_0000100")
+
+
+# ---- crash tests ----------------------------------------------------------------------------------
+PHASES = ["copy", "manifest", "rename", "tracker-temp", "tracker"]
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_sigkill_at_each_phase_keeps_the_invariant_and_rerun_finishes(tmp_path, phase):
+    src = tmp_path / "src"
+    megatron_iter(src / "iter_0000100", 100)
+    megatron_iter(src / "iter_0000200", 200, mb=1)
+    dest = str(tmp_path / "dest")
+    assert pub(src / "iter_0000100", dest)[0] == 0
+    rc, out, err = pub(src / "iter_0000200", dest, env={"CKPTDOCTOR_TEST_KILL_AT": phase})
+    assert rc == -signal.SIGKILL
+    assert tracker_of(dest) == ("200" if phase == "tracker" else "100")
+    assert_invariant(dest, "iter_0000100")
+    if phase in ("copy", "manifest"):  # verify names the leftover of the killed publish
+        rc, rep = verify_json(dest)
+        assert_fires_json(rep, "CKD202")
+    rc, out, err = pub(src / "iter_0000200", dest)
+    assert rc == 0, err
+    assert tracker_of(dest) == "200"
+    assert sorted(e for e in os.listdir(dest)) == ["iter_0000100", "iter_0000200", TRACKER]
+    assert verify_json(dest)[0] == 0
+
+
+def test_sigkill_during_replace_and_prune(tmp_path):
+    src = tmp_path / "src"
+    for s in (100, 200, 300):
+        megatron_iter(src / f"iter_{s:07d}", s)
+    dest = str(tmp_path / "dest")
+    for s in (100, 200):
+        assert pub(src / f"iter_{s:07d}", dest)[0] == 0
+    # replace iter_0000200 with new bytes, killed right after the atomic exchange
+    with open(src / "iter_0000200" / "common.bin", "wb") as fh:
+        fh.write(b"new generation")
+    rc, _, _ = pub(src / "iter_0000200", dest, "--replace", env={"CKPTDOCTOR_TEST_KILL_AT": "swap"})
+    assert rc == -signal.SIGKILL
+    assert (tmp_path / "dest" / "iter_0000200" / "common.bin").exists()  # the new one is in place, whole
+    assert_invariant(dest, "iter_0000100")
+    # prune killed between rename-to-trash and delete
+    rc, _, _ = pub(src / "iter_0000300", dest, "--keep-last", "1", env={"CKPTDOCTOR_TEST_KILL_AT": "prune"})
+    assert rc == -signal.SIGKILL
+    assert_invariant(dest, None)
+    assert tracker_of(dest) == "300"
+    rc, out, err = pub(src / "iter_0000300", dest, "--keep-last", "1")
+    assert rc == 0, err
+    assert sorted(os.listdir(dest)) == ["iter_0000300", TRACKER]
+
+
+def test_random_kill_times(tmp_path):
+    """SIGKILL at random moments of a real publish, 12 times; the invariant holds after each."""
+    src = tmp_path / "src"
+    megatron_iter(src / "iter_0000100", 100)
+    for s in range(200, 1400, 100):
+        megatron_iter(src / f"iter_{s:07d}", s, mb=4, ranks=8)
+    dest = str(tmp_path / "dest")
+    assert pub(src / "iter_0000100", dest)[0] == 0
+    t = time.perf_counter()
+    assert pub(src / "iter_0000200", dest)[0] == 0
+    full = time.perf_counter() - t
+    rng = random.Random(7)
+    prev = "iter_0000200"
+    for s in range(300, 1400, 100):
+        name = f"iter_{s:07d}"
+        p = subprocess.Popen([sys.executable, "-m", "ckptdoctor", "publish", "--quiet", str(src / name), dest],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0, full * 1.1))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        assert_invariant(dest, prev)
+        assert tracker_of(dest) in (str(int(prev[5:])), str(s))
+        rc, out, err = pub(src / name, dest)
+        assert rc == 0, err
+        assert tracker_of(dest) == str(s)
+        prev = name
+    assert not [e for e in os.listdir(dest) if e.startswith(".")]
+
+
+# ---- object stores (a real S3-compatible server on loopback) --------------------------------------
+@pytest.fixture
+def s3(monkeypatch):
+    moto_server = pytest.importorskip("moto.server")
+    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    srv.start()
+    host, port = srv.get_host_and_port()
+    env = {"FSSPEC_S3_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "k",
+           "AWS_SECRET_ACCESS_KEY": "s", "AWS_DEFAULT_REGION": "us-east-1"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    import fsspec
+    fs = fsspec.filesystem("s3", endpoint_url=env["FSSPEC_S3_ENDPOINT_URL"], skip_instance_cache=True)
+    import uuid
+    bucket = f"ckpts-{uuid.uuid4().hex[:8]}"  # moto keeps state per process: a fresh bucket per test
+    fs.mkdir(bucket)
+    yield env, fs, bucket
+    srv.stop()
+
+
+def test_publish_to_s3_and_kill_mid_upload(tmp_path, s3):
+    env, fs, bucket = s3
+    src = tmp_path / "src"
+    megatron_iter(src / "iter_0000100", 100)
+    megatron_iter(src / "iter_0000200", 200, mb=1)
+    assert pub(src / "iter_0000100", f"s3://{bucket}/run", env=env)[0] == 0
+    assert fs.cat_file(f"{bucket}/run/{TRACKER}") == b"100"
+    rc, out, err = pub(src / "iter_0000200", f"s3://{bucket}/run", env=env | {"CKPTDOCTOR_TEST_KILL_AT": "upload"})
+    assert rc == -signal.SIGKILL
+    assert fs.cat_file(f"{bucket}/run/{TRACKER}") == b"100"
+    assert not fs.exists(f"{bucket}/run/iter_0000200/.metadata")  # the framework marker goes up after the data
+    rc, out, err = cli("verify", "--format", "json", f"s3://{bucket}/run/iter_0000200", env=env)
+    assert rc == 1
+    assert_fires_json(json.loads(out), "CKD201")
+    rc, out, err = cli("verify", "--checksums", "--format", "json", f"s3://{bucket}/run", env=env)
+    rep = json.loads(out)
+    assert rep["facts"]["resume_from"] == "iter_0000100" and rep["facts"]["newest_complete"] == "iter_0000100"
+    rc, out, err = pub(src / "iter_0000200", f"s3://{bucket}/run", env=env)
+    assert rc == 0, err
+    assert fs.cat_file(f"{bucket}/run/{TRACKER}") == b"200"
+    assert not fs.exists(f"{bucket}/run/iter_0000200/.ckptdoctor-publishing")
+    rc, out, err = cli("verify", "--checksums", "--format", "json", f"s3://{bucket}/run", env=env)
+    assert rc == 0, json.loads(out)["findings"]
+    rc, out, err = pub(src / "iter_0000200", f"s3://{bucket}/run", "--format", "json", env=env)
+    assert rc == 0 and json.loads(out)["facts"]["published"]["status"] == "unchanged"
+    rc, out, err = pub(src / "iter_0000200", f"s3://{bucket}/run", "--replace", env=env)
+    assert rc == 2 and "object stores" in err
+
+
+def test_s3_killed_after_commit_before_tracker_keeps_old_tracker(tmp_path, s3):
+    env, fs, bucket = s3
+    src = tmp_path / "src"
+    megatron_iter(src / "iter_0000100", 100)
+    megatron_iter(src / "iter_0000200", 200)
+    assert pub(src / "iter_0000100", f"s3://{bucket}/run", env=env)[0] == 0
+    rc, _, _ = pub(src / "iter_0000200", f"s3://{bucket}/run", env=env | {"CKPTDOCTOR_TEST_KILL_AT": "manifest"})
+    assert rc == -signal.SIGKILL
+    assert fs.cat_file(f"{bucket}/run/{TRACKER}") == b"100"
+    rc, out, err = cli("verify", "--checksums", "--format", "json", f"s3://{bucket}/run/iter_0000200", env=env)
+    assert rc == 0, out  # committed: manifest present, every byte checks out
+    assert pub(src / "iter_0000200", f"s3://{bucket}/run", env=env)[0] == 0
+    assert fs.cat_file(f"{bucket}/run/{TRACKER}") == b"200"
+
+
+# ---- Python API ------------------------------------------------------------------------------------
+def test_api_publish_and_refusal(real, tmp_path):
+    run = real("megatron_run")
+    res = ckptdoctor.publish(str(run / "iter_0000200"), str(tmp_path / "d"))
+    assert res.status == "published" and res.tracker["new"] == "200"
+    os.truncate(next((run / "iter_0000100").glob("__0_*.distcp")), 5)
+    from ckptdoctor.publishing.flow import PublishRefused
+    with pytest.raises(PublishRefused) as ei:
+        ckptdoctor.publish(str(run / "iter_0000100"), str(tmp_path / "d"))
+    assert_fires(ei.value.report, "CKD104")
+
+
+def test_save_and_publish_real_torch_state_dict(tmp_path):
+    torch = pytest.importorskip("torch")
+    sd = {"w": torch.arange(12.0).reshape(3, 4), "b": torch.ones(4)}
+    res = ckptdoctor.save_and_publish(sd, str(tmp_path / "run"), "step-10")
+    assert res.status == "published" and res.tracker is None  # torchtitan naming: no tracker file
+    import torch.distributed.checkpoint as dcp
+    out = {"w": torch.zeros(3, 4), "b": torch.zeros(4)}
+    dcp.load(out, checkpoint_id=str(tmp_path / "run" / "step-10"))
+    assert torch.equal(out["w"], sd["w"]) and torch.equal(out["b"], sd["b"])
+    assert api.verify(str(tmp_path / "run"), checksums=True).failed() is False
