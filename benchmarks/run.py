@@ -3,6 +3,7 @@
 
     .venv/bin/python benchmarks/run.py startup      # CLI start-up vs a bare interpreter
     .venv/bin/python benchmarks/run.py structural   # verify of a 512-file / 200k-entry DCP vs torch
+    .venv/bin/python benchmarks/run.py publish      # publish vs cp -r + sync
     .venv/bin/python benchmarks/run.py checksums    # verify --checksums vs xxhsum/b3sum/sha256sum/cat
     .venv/bin/python benchmarks/run.py all
 
@@ -75,9 +76,43 @@ def structural(files=512, entries=200_000):
     shutil.rmtree(d)
 
 
+def publish(files=16, mb=256, runs=3):
+    """publish (verify + copy + hash + fsync + manifest + rename + tracker) vs `cp -r` + `sync`.
+    Throughput ratio = cp time / publish time (>= 0.8 is the target)."""
+    from ckptdoctor.layouts import dcp_writer as W
+    base = tempfile.mkdtemp(prefix="ckd-bench-pub-")
+    src = os.path.join(base, "iter_0000100")
+    W.write(src, [W.Item("w", (8, 8), (r * 2, 0), (2, 8), [1.0] * 16, rank=r) for r in range(4)])
+    open(os.path.join(src, "metadata.json"), "w").write('{"sharded_backend": "torch_dist"}')
+    for r in range(files):
+        with open(os.path.join(src, f"optimizer_rank{r}.bin"), "wb") as fh:
+            for _ in range(mb):
+                fh.write(os.urandom(1 << 20))
+    total = sum(os.path.getsize(os.path.join(src, f)) for f in os.listdir(src))
+    dst = os.path.join(base, "dst")
+
+    def clean():
+        shutil.rmtree(dst, ignore_errors=True)
+        os.makedirs(dst)
+        subprocess.run(["sync"])
+    cp = ["sh", "-c", f"cp -r {src} {dst}/ && sync"]
+    pub = CKD + ["publish", "--quiet", "--tracker", "none", src, dst]
+    t_cp, t_pub = [], []
+    for _ in range(runs):  # alternate, so both see the same page-cache state
+        t_cp.append(timeit(cp, 1, setup=clean))
+        t_pub.append(timeit(pub, 1, setup=clean))
+    a, b = statistics.median(t_cp), statistics.median(t_pub)
+    print(f"{files} x {mb} MiB + a small DCP ({total / 2**30:.2f} GiB), median of {runs}:")
+    print("| command | median s | GB/s | throughput vs cp+sync |\n|---|---|---|---|")
+    print(f"| `cp -r` + `sync` | {a:.3f} | {total / a / 1e9:.2f} | 1.00x |")
+    print(f"| `ckptdoctor publish` (verify, copy+xxh3, fsync, manifest, rename) | {b:.3f} | "
+          f"{total / b / 1e9:.2f} | {a / b:.2f}x |")
+    shutil.rmtree(base)
+
+
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "all"
-    for name, fn in (("startup", startup), ("structural", structural)):
+    for name, fn in (("startup", startup), ("structural", structural), ("publish", publish)):
         if what in (name, "all"):
             print(f"\n## {name}\n")
             fn()
