@@ -92,6 +92,7 @@ def run_demo(directory: str | None, fmt: str = "text") -> int:
     render(eng2.report, fmt, out)
     caught = caught and "CKD151" in eng2.report.rules()
     caught = _reconcile_scene(root, fmt, out) and caught
+    caught = _publish_scene(root, run, fmt, out) and caught
     return 0 if caught else 1  # the demo succeeds when the doctor catches every injected fault
 
 
@@ -152,3 +153,32 @@ def _reconcile_scene(root: str, fmt: str, out) -> bool:
         out.write(f"\n$ ckptdoctor reconcile --fix {step}\n# {change}; backup {os.path.basename(backup)}\n")
     render(eng2.report, fmt, out)
     return found and not eng2.report.failed()
+
+
+def _publish_scene(root: str, run: str, fmt: str, out) -> bool:
+    """publish refuses the truncated checkpoint, publishes a good one whole, moves the tracker."""
+    from .cli import _engine
+    from .commands import publish as flow
+    from .commands import verify as vflow
+    from .report import render
+    durable = os.path.join(root, "durable-run")
+    ok = True
+    for name in ("iter_0000300", "iter_0000200"):
+        src = os.path.join(run, name)
+        if name == "iter_0000200":
+            os.unlink(os.path.join(src, ".metadata.tmp"))  # the operator cleaned the stale commit leftover
+        if fmt == "text":
+            out.write(f"\n# scene 4: publish from node-local disk to durable storage\n" if name == "iter_0000300"
+                      else "\n")
+            out.write(f"$ ckptdoctor publish {src} {durable}\n")
+        eng = _engine("publish", src, None, None, None, None, None, True, False)
+        res = flow.run(src, durable, eng, quiet=True)
+        render(eng.report, fmt, out)
+        ok = ok and ((res is None) if name == "iter_0000300" else (res is not None and res.status == "published"))
+    eng = _engine("verify", durable, None, None, None, None, None, True, False)
+    eng.options.update(checksums=True, quiet=True)
+    if fmt == "text":
+        out.write(f"\n$ ckptdoctor verify --checksums {durable}\n")
+    vflow.run(durable, eng)
+    render(eng.report, fmt, out)
+    return ok and not eng.report.failed() and eng.report.facts.get("resume_from") == "iter_0000200"
