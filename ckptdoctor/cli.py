@@ -271,9 +271,35 @@ def reconcile(
 
 
 @app.command(rich_help_panel="Inspection")
-def preflight(location: str = typer.Argument(..., help="Checkpoint directory or run root.")):
-    """Check every rank of a new allocation can read its shards (not implemented yet)."""
-    _not_landed("preflight", 9)
+def preflight(
+    location: str = typer.Argument(..., help="Checkpoint directory or run root (path or fsspec URL); a "
+                                   "{node} placeholder gives each node's node-local copy, e.g. "
+                                   "/mnt/{node}/nvme/run7 or sftp://{node}/nvme/run7."),
+    nodelist: Optional[str] = typer.Option(None, "--nodelist", help="Slurm hostlist of the new allocation, "
+                                           "e.g. gpu[001-004] [default: $SLURM_JOB_NODELIST, else $SLURM_NODELIST]."),
+    ranks_per_node: Optional[str] = typer.Option(None, "--ranks-per-node", help="Ranks per node, N or "
+                                                 "Slurm's '4(x3),2' [default: $SLURM_NTASKS_PER_NODE / "
+                                                 "$SLURM_TASKS_PER_NODE]; rank r runs on node r // N."),
+    rank_map: Optional[str] = typer.Option(None, "--rank-map", help="Explicit rank -> node map (JSON "
+                                           "{\"0\": \"gpu001\"} or 'RANK NODE' lines) for non-block layouts."),
+    local: bool = typer.Option(False, "--local", help="Prolog / first-step mode: check only this node's ranks "
+                               "($SLURMD_NODENAME) in LOCATION, with stats only."),
+    node: Optional[str] = typer.Option(None, "--node", help="With --local: this node's name [default: "
+                                       "$SLURMD_NODENAME, else the hostname]."),
+    select: Optional[List[str]] = SelectOpt, ignore: Optional[List[str]] = IgnoreOpt,
+    fail_on: Optional[Level] = FailOnOpt, severity: Optional[List[str]] = SeverityOpt,
+    config: Optional[str] = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
+    debug: bool = DebugOpt, quiet: bool = QuietOpt,
+):
+    """Before a relaunch: can every rank of this allocation read what it will load?  Read-only."""
+    _logging(quiet, debug)
+    from .commands import preflight as flow
+    if node and not local:
+        raise UsageError("--node only makes sense with --local")
+    alloc = flow.allocation(nodelist, ranks_per_node, rank_map)
+    eng = _engine("preflight", location, select, ignore, fail_on, severity, config, isolated, debug)
+    flow.run(location, eng, alloc, local=local, node=node)
+    _finish(eng, format)
 
 
 @app.command(rich_help_panel="Reference")

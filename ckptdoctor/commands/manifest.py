@@ -37,7 +37,8 @@ def write_manifest(path: str, *, workers: int | None = None, quiet: bool = False
             raise InputError(f"{st.show(u.rel)}: file changed while hashing; nothing written")
     data = mf.build(files, {(u.rel, u.index): d for u, (d, _) in digests.items()}, chunk_bytes=chunk_bytes,
                     layout=ck.layout.name, tool=f"ckptdoctor {__version__}",
-                    created=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+                    created=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    nodes=mf.writer_nodes())
     try:
         atomic.write_new(target, data)
     except FileExistsError:

@@ -19,6 +19,7 @@ CHECK_MODULES = (
     "ckptdoctor.checks.verify_checksums",
     "ckptdoctor.checks.verify_publish",
     "ckptdoctor.checks.reconcile",
+    "ckptdoctor.checks.preflight",
     "ckptdoctor.checks.tool",
 )
 

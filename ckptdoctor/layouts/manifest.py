@@ -3,7 +3,8 @@
     {"schema": "ckptdoctor.manifest/v1", "algorithm": "xxh3-128", "chunk_bytes": 67108864,
      "tool": "ckptdoctor 0.1.0", "created": "2026-11-29T10:00:00Z", "layout": "dcp",
      "files": {"__0_0.distcp": {"size": 1577, "xxh3_128": "<32 hex>"},
-               "big.bin": {"size": 134217728, "chunks": ["<32 hex>", "<32 hex>"]}}}
+               "big.bin": {"size": 134217728, "chunks": ["<32 hex>", "<32 hex>"]}},
+     "nodes": ["gpu001", "gpu002"]}          # optional: the Slurm nodes of the writing job
 
 Paths are relative, '/'-separated; the manifest does not list itself.  A file larger than
 chunk_bytes has one digest per chunk_bytes range, so ranges can be hashed (and sliced across
@@ -73,8 +74,21 @@ def parse(data: bytes, source: str) -> dict[str, Expected]:
     return out
 
 
+def writer_nodes() -> list[str] | None:
+    """The Slurm node set of the job writing the manifest (preflight compares it with the next one)."""
+    import os
+    expr = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    if not expr:
+        return None
+    from ..slurm.hostlist import HostlistError, expand
+    try:
+        return expand(expr)
+    except HostlistError:
+        return None
+
+
 def build(files: dict[str, int], digests: dict[tuple[str, int], str], *, chunk_bytes: int, layout: str | None,
-          tool: str, created: str) -> bytes:
+          tool: str, created: str, nodes: list[str] | None = None) -> bytes:
     table = {}
     for rel in sorted(files):
         n = max(1, -(-files[rel] // chunk_bytes))
@@ -82,4 +96,6 @@ def build(files: dict[str, int], digests: dict[tuple[str, int], str], *, chunk_b
         table[rel] = {"size": files[rel], **({"xxh3_128": digs[0]} if n == 1 else {"chunks": digs})}
     doc = {"schema": SCHEMA, "algorithm": "xxh3-128", "chunk_bytes": chunk_bytes, "tool": tool,
            "created": created, "layout": layout, "files": table}
+    if nodes:
+        doc["nodes"] = nodes
     return (json.dumps(doc, indent=1) + "\n").encode()

@@ -58,7 +58,8 @@ def _now() -> str:
 def _manifest(copied: dict, layout: str | None, chunk: int) -> bytes:
     return mf.build({r: c.size for r, c in copied.items()},
                     {(r, i): d for r, c in copied.items() for i, d in enumerate(c.digests)},
-                    chunk_bytes=chunk, layout=layout, tool=f"ckptdoctor {__version__}", created=_now())
+                    chunk_bytes=chunk, layout=layout, tool=f"ckptdoctor {__version__}", created=_now(),
+                    nodes=mf.writer_nodes())
 
 
 def _same_content(src: str, files: dict[str, int], manifest_bytes: bytes, workers, progress) -> bool:

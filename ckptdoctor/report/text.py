@@ -77,6 +77,8 @@ def render(report, out) -> None:
         _reconcile(con, facts)
     if "published" in facts:
         _publish(con, facts)
+    if report.command == "preflight" and "nodes" in facts:
+        _preflight(con, facts)
     for line in facts.get("notes") or []:
         con.print(Text(line))
     s = report.summary
@@ -154,3 +156,21 @@ def _publish(con, facts) -> None:
         con.print(Text(f"removed own stale leftover {n}", style="dim"))
     for n in res.get("notes") or []:
         con.print(Text(n, style="dim"))
+
+
+def _preflight(con, facts) -> None:
+    t = Table(title=f"allocation: {len(facts['nodes'])} node(s), {facts['world']} rank(s)"
+              + (f" (--local on {facts['local']})" if facts.get("local") else ""), title_justify="left")
+    for col in ("node", "ranks", "gaps (resume target)", "gaps (all)", "location"):
+        t.add_column(col)
+    for r in facts["nodes"]:
+        ranks = f"{r['ranks'][0]}-{r['ranks'][1]}" if r["ranks"] else "-"
+        bad = r["problem"] or r["gaps_in_resume_target"]
+        t.add_row(r["node"], ranks, Text(str(r["gaps_in_resume_target"]) if not r["problem"] else "unreadable",
+                                         style="red" if bad else "green"), str(r["gaps"]), r["location"])
+    con.print(t)
+    rf = facts.get("resume_from")
+    con.print(Text(f"framework will resume from: {rf if rf else ('this checkpoint' if rf == '' else 'nothing')}",
+                   style="bold"))
+    who = "this node's ranks" if facts.get("local") else "every rank"
+    con.print(Text(f"newest checkpoint {who} can read: {facts.get('newest_reachable') or 'none'}", style="bold"))

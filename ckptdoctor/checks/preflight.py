@@ -1,0 +1,155 @@
+"""preflight: can every rank of this allocation read what it will load?  Subject: a Preflight.
+
+A gap in the checkpoint the job will resume from is an error; the same gap in an older checkpoint
+is a warning (it only matters if you fall back to it).
+"""
+from __future__ import annotations
+
+from ..engine.finding import Hit
+from ..engine.registry import check
+from ..slurm.hostlist import compress
+
+
+def _sev(pf, name: str) -> str:
+    return "error" if name == pf.target else "warning"
+
+
+def _ranks(rs: list[int]) -> str:
+    rs = sorted(set(rs))
+    if len(rs) > 6:
+        return f"{len(rs)} ranks ({rs[0]}..{rs[-1]})"
+    return "rank" + ("s " if len(rs) > 1 else " ") + ",".join(map(str, rs))
+
+
+@check("CKD401", "preflight")
+def rank_files_missing(pf, eng):
+    for name, v in pf.verdicts.items():
+        by_node: dict[str, list] = {}
+        for g in v.missing:
+            by_node.setdefault(g.node, []).append(g)
+        for node, gaps in by_node.items():
+            ranks = sorted({r for g in gaps for r in g.ranks})
+            yield Hit(gaps[0].path, f"node {node}: {len(gaps)} shard file(s) of {v.name or 'the checkpoint'} "
+                      f"missing for {_ranks(ranks)} (e.g. {gaps[0].rel})", severity=_sev(pf, name),
+                      details={"node": node, "checkpoint": v.name, "ranks": ranks,
+                               "files": [g.rel for g in gaps][:50]},
+                      hint=_where_else(pf, name, gaps))
+    for step, d in pf.nvrx.items():
+        if d["owners_missing"]:
+            name = f"iter_{step:07d}"
+            yield Hit(pf.display, f"local checkpoint iteration {step}: no node of the allocation holds "
+                      f"{_ranks(d['owners_missing'])} (primary or replica)", severity=_sev(pf, name),
+                      details={"iteration": step, "owners_missing": d["owners_missing"][:100]},
+                      hint="those ranks' local checkpoints (and their replicas) were on nodes outside this "
+                           "allocation; fall back to an older iteration or the persistent checkpoint")
+
+
+def _where_else(pf, name, gaps) -> str:
+    others = [n for n in pf.nodes_checked if n != gaps[0].node and not pf.shared
+              and name in pf.views[n].checkpoints and gaps[0].rel in pf.views[n].checkpoints[name].files]
+    if others:
+        return f"{gaps[0].rel} exists on {compress(others)}: the ranks moved to another node; copy the " \
+               f"files over or keep the old node in the allocation"
+    return "these shards live only on a node outside this allocation (or nowhere): copy them from " \
+           "the old node set or from durable storage before relaunching"
+
+
+@check("CKD402", "preflight")
+def rank_file_short(pf, eng):
+    for name, v in pf.verdicts.items():
+        for g in v.short:
+            yield Hit(g.path, f"node {g.node}: {g.rel} is {g.actual} bytes, .metadata needs at least "
+                      f"{g.expected} ({_ranks(g.ranks)})", severity=_sev(pf, name),
+                      details={"node": g.node, "checkpoint": v.name, "expected_bytes": g.expected,
+                               "actual_bytes": g.actual, "ranks": g.ranks},
+                      hint="the node-local copy is truncated; re-copy it before relaunching")
+
+
+@check("CKD403", "preflight")
+def global_file_missing(pf, eng):
+    for name, v in pf.verdicts.items():
+        for g in v.global_missing:
+            yield Hit(g.path, f"node {g.node}: {g.rel} of {v.name or 'the checkpoint'} is missing, and "
+                      f"every rank on the node reads it ({_ranks(g.ranks)})", severity=_sev(pf, name),
+                      details={"node": g.node, "checkpoint": v.name, "file": g.rel, "ranks": g.ranks},
+                      hint="global files must be on every node (or on shared storage)")
+    for node in pf.nodes_checked:
+        view = pf.views[node]
+        if view.kind == "run" and view.tracker_file and view.tracker is None and pf.any_tracker:
+            yield Hit(view.show(view.tracker_file), f"node {node}: no {view.tracker_file}: the ranks on this "
+                      f"node would start from step 0 (resume_mode=auto) while others resume",
+                      details={"node": node, "file": view.tracker_file, "ranks": pf.alloc.ranks_of(node)},
+                      hint="copy the tracker to every node (it is a global file)")
+
+
+@check("CKD404", "preflight")
+def tracker_disagrees(pf, eng):
+    seen = {n: (t or "").strip() for n, t in pf.trackers().items() if t is not None}
+    if len(set(seen.values())) > 1:
+        groups: dict[str, list[str]] = {}
+        for n, t in seen.items():
+            groups.setdefault(t, []).append(n)
+        desc = "; ".join(f"{compress(ns)}: {t!r}" for t, ns in groups.items())
+        yield Hit(pf.display, f"the tracker differs between nodes ({desc}): ranks would resume from "
+                  f"different checkpoints", details={"trackers": {n: t for n, t in seen.items()}},
+                  hint="make every node's tracker name the same checkpoint (the newest all ranks can reach)")
+
+
+@check("CKD405", "preflight")
+def node_set_changed(pf, eng):
+    old = pf.writer_nodes
+    if not old:
+        return
+    now = pf.alloc.nodes
+    left = [n for n in old if n not in now]
+    joined = [n for n in now if n not in old]
+    if left or joined:
+        yield Hit(pf.display, f"the node set differs from the one that wrote {pf.target}: "
+                  f"left {compress(left) if left else 'none'}, joined {compress(joined) if joined else 'none'}",
+                  details={"left": left, "joined": joined, "writer_nodes": old},
+                  hint="node-local shards of the nodes that left are not readable by this allocation")
+
+
+@check("CKD406", "preflight")
+def resume_unreachable(pf, eng):
+    best = pf.newest_reachable()
+    if pf.target is None:
+        if not best and (pf.verdicts or pf.nvrx):
+            yield Hit(pf.display, "no checkpoint is readable by every rank of this allocation",
+                      hint="restore the missing shards or change the node list")
+        return
+    v = pf.verdicts.get(pf.target)
+    ok = v.reachable if v else (pf.target == best)
+    if not ok:
+        yield Hit(pf.display, f"the job would resume from {pf.target}, which not every rank can read; "
+                  f"newest checkpoint every rank can read: {best or 'none'}",
+                  details={"resume_from": pf.target, "newest_reachable": best},
+                  hint=(f"point the tracker at {best} or restore the missing files" if best else
+                        "restore the missing files; nothing is readable by every rank"))
+
+
+@check("CKD407", "preflight")
+def node_location_missing(pf, eng):
+    for node in pf.nodes_checked:
+        v = pf.views[node]
+        if v.problem:
+            yield Hit(v.location, f"node {node}: {v.problem}", details={"node": node,
+                                                                       "ranks": pf.alloc.ranks_of(node)},
+                      hint="every node of the allocation needs its copy of the checkpoint")
+
+
+@check("CKD408", "preflight")
+def world_size_changed(pf, eng):
+    for name, v in pf.verdicts.items():
+        if v.extra_ranks:
+            yield Hit(pf.display, f"{v.name or 'the checkpoint'} has shards of ranks "
+                      f"{v.extra_ranks[0]}..{v.extra_ranks[-1]}, beyond this allocation's {pf.alloc.world} "
+                      f"ranks: the world size changed", severity="warning" if pf.shared else _sev(pf, name),
+                      details={"checkpoint": v.name, "extra_ranks": v.extra_ranks[:100], "world": pf.alloc.world},
+                      hint="resharding needs every shard readable (shared storage); node-local shards of "
+                           "the missing ranks will not be read")
+        if v.absent_ranks:
+            yield Hit(pf.display, f"{v.name or 'the checkpoint'} has no shard for {_ranks(v.absent_ranks)} of "
+                      f"this allocation's {pf.alloc.world}: it was written by fewer ranks",
+                      severity="warning" if pf.shared else _sev(pf, name),
+                      details={"checkpoint": v.name, "absent_ranks": v.absent_ranks[:100], "world": pf.alloc.world})

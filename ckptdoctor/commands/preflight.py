@@ -1,0 +1,112 @@
+"""preflight flow: resolve the allocation, open each node's view, run the preflight rules."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+from ..engine.errors import InputError, UsageError
+from ..engine.runner import Engine
+from ..preflight.analysis import Preflight
+from ..preflight.model import Allocation, node_location, open_view
+from ..slurm.hostlist import HostlistError, compress, expand, tasks_per_node
+
+
+def allocation(nodelist: str | None, ranks_per_node: str | None, rank_map: str | None) -> Allocation:
+    src = "--nodelist"
+    if not nodelist:
+        for var in ("SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+            if os.environ.get(var):
+                nodelist, src = os.environ[var], f"${var}"
+                break
+    if rank_map:
+        return _rank_map(rank_map, nodelist)
+    if not nodelist:
+        raise UsageError("no node list: pass --nodelist EXPR (or run inside a Slurm job: "
+                         "$SLURM_JOB_NODELIST / $SLURM_NODELIST)")
+    try:
+        nodes = expand(nodelist)
+    except HostlistError as exc:
+        raise UsageError(f"{src} {nodelist!r}: {exc}") from None
+    spec = ranks_per_node or os.environ.get("SLURM_NTASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE")
+    if not spec:
+        raise UsageError("ranks per node unknown: pass --ranks-per-node N (or set SLURM_NTASKS_PER_NODE)")
+    try:
+        per = tasks_per_node(spec, len(nodes))
+    except HostlistError as exc:
+        raise UsageError(f"--ranks-per-node {spec!r}: {exc}") from None
+    return Allocation.block(nodes, per, src)
+
+
+def _rank_map(path: str, nodelist: str | None) -> Allocation:
+    """JSON {"0": "gpu001", ...} or lines 'RANK NODE'; ranks must be 0..W-1."""
+    try:
+        text = open(path, encoding="utf-8").read(16 << 20)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read rank map: {exc.strerror or exc}") from None
+    try:
+        doc = json.loads(text)
+        pairs = {int(k): str(v) for k, v in doc.items()} if isinstance(doc, dict) else None
+        if pairs is None:
+            raise ValueError
+    except ValueError:
+        pairs = {}
+        for i, line in enumerate(text.splitlines(), 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            parts = line.split()
+            if len(parts) != 2 or not parts[0].isdigit():
+                raise InputError(f"{path}:{i}: expected 'RANK NODE', got {line[:60]!r}") from None
+            pairs[int(parts[0])] = parts[1]
+    if not pairs or sorted(pairs) != list(range(len(pairs))):
+        raise InputError(f"{path}: ranks must be exactly 0..W-1 (got {len(pairs)} entries)")
+    rank_node = [pairs[r] for r in range(len(pairs))]
+    nodes = list(dict.fromkeys(rank_node))
+    if nodelist:
+        try:
+            listed = expand(nodelist)
+        except HostlistError as exc:
+            raise UsageError(f"--nodelist {nodelist!r}: {exc}") from None
+        stray = [n for n in nodes if n not in listed]
+        if stray:
+            raise InputError(f"{path}: rank map uses node(s) {compress(stray)} outside the node list")
+        nodes = listed
+    return Allocation(nodes, [rank_node.count(n) for n in nodes], rank_node, path)
+
+
+def run(location: str, engine: Engine, alloc: Allocation, local: bool = False, node: str | None = None) -> Preflight:
+    shared = "{node}" not in location and not local  # --local: LOCATION is this node's own copy
+    me = None
+    if local:
+        me = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        if me not in alloc.nodes:
+            raise UsageError(f"--local: this node ({me}) is not in the node list {compress(alloc.nodes)}")
+    views = {}
+    if shared:
+        v = open_view(me or "*", location)
+        views = {n: v for n in alloc.nodes}
+    else:
+        for n in ([me] if me else alloc.nodes):
+            views[n] = open_view(n, node_location(location, n))
+    pf = Preflight(alloc, views, shared, local=me, parse_metadata=not local, display=location)
+    engine.run_scope("preflight", pf)
+    rep = engine.report
+    rep.facts["nodes"] = [_node_row(pf, n) for n in pf.nodes_checked]
+    rep.facts["world"] = alloc.world
+    rep.facts["checkpoints"] = [{"name": v.name, "step": v.step, "reachable": v.reachable}
+                                for v in pf.verdicts.values()] + \
+        [{"name": f"iter_{s:07d}", "step": s, "reachable": not d["owners_missing"]} for s, d in pf.nvrx.items()]
+    rep.facts["resume_from"] = pf.target
+    rep.facts["newest_reachable"] = pf.newest_reachable()
+    rep.facts["local"] = me
+    return pf
+
+
+def _node_row(pf: Preflight, node: str) -> dict:
+    ranks = pf.alloc.ranks_of(node)
+    gaps = [g for v in pf.verdicts.values() for g in v.missing + v.short + v.global_missing if g.node == node]
+    tgt = [g for g in gaps if g.checkpoint == pf.target]
+    v = pf.views[node]
+    return {"node": node, "ranks": [ranks[0], ranks[-1]] if ranks else [], "location": v.location,
+            "problem": v.problem, "gaps": len(gaps), "gaps_in_resume_target": len(tgt)}

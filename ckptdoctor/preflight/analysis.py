@@ -1,0 +1,220 @@
+"""Cross the allocation with the node views: what each rank will miss, per checkpoint.
+
+The result is plain data the rules read (one function per rule in checks/preflight.py) and the
+report shows (per-node table, newest step every rank can reach).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from ..layouts import dcp as dcp_reader
+from .model import Allocation, Ckpt, Family, NodeView, family_for
+
+
+@dataclass
+class Gap:
+    node: str
+    checkpoint: str
+    path: str                 # as shown to the user (node's view)
+    rel: str
+    ranks: list[int]
+    expected: int | None = None
+    actual: int | None = None
+
+
+@dataclass
+class CkptVerdict:
+    name: str
+    step: int | None
+    family: str | None
+    missing: list[Gap] = field(default_factory=list)      # rank files absent on the rank's node
+    short: list[Gap] = field(default_factory=list)        # present but fewer bytes than needed
+    global_missing: list[Gap] = field(default_factory=list)
+    extra_ranks: list[int] = field(default_factory=list)   # files for ranks >= world
+    absent_ranks: list[int] = field(default_factory=list)  # ranks < world with no file anywhere
+    writer_nodes: list[str] | None = None
+
+    @property
+    def reachable(self) -> bool:
+        return not (self.missing or self.short or self.global_missing or self.absent_ranks)
+
+
+@dataclass
+class Preflight:
+    alloc: Allocation
+    views: dict[str, NodeView]     # node -> view (the same object for every node when shared)
+    shared: bool
+    local: str | None = None       # --local: the node this runs on
+    parse_metadata: bool = True
+    display: str = ""
+
+    @property
+    def nodes_checked(self) -> list[str]:
+        return [self.local] if self.local else self.alloc.nodes
+
+    def ranks_checked(self) -> list[int]:
+        return self.alloc.ranks_of(self.local) if self.local else list(range(self.alloc.world))
+
+    @cached_property
+    def names(self) -> list[tuple[int | None, str]]:
+        seen: dict[str, int | None] = {}
+        for n in self.nodes_checked:
+            for name, ck in self.views[n].checkpoints.items():
+                seen.setdefault(name, ck.step)
+        return sorted(((s, n) for n, s in seen.items()), key=lambda t: (t[0] is None, t[0] or 0, t[1]))
+
+    @cached_property
+    def verdicts(self) -> dict[str, CkptVerdict]:
+        return {name: self._judge(name, step) for step, name in self.names}
+
+    def _copies(self, name: str) -> dict[str, Ckpt]:
+        return {n: self.views[n].checkpoints[name] for n in self.nodes_checked if name in self.views[n].checkpoints}
+
+    def _expected_sizes(self, name: str, copies: dict[str, Ckpt]) -> dict[str, int]:
+        """Minimum size per shard from `.metadata` (first node that has it); {} in --local mode."""
+        if not self.parse_metadata:
+            return {}
+        for node, ck in copies.items():
+            if ".metadata" in ck.files:
+                v = self.views[node]
+                rel = f"{name}/.metadata" if name else ".metadata"
+                try:
+                    md = dcp_reader.parse(v.storage.read(rel, 2 << 30))
+                except Exception:  # noqa: BLE001 - verify reports unreadable metadata (CKD110)
+                    return {}
+                need: dict[str, int] = {}
+                for s in md.storage:
+                    need[s.relative_path] = max(need.get(s.relative_path, 0), s.file_offset + s.length)
+                return need
+        return {}
+
+    def _judge(self, name: str, step) -> CkptVerdict:
+        copies = self._copies(name)
+        union: dict[str, int] = {}
+        for ck in copies.values():
+            for rel, size in ck.files.items():
+                union[rel] = max(size, union.get(rel, 0))
+        fam: Family | None = family_for(union)
+        out = CkptVerdict(name, step, fam.name if fam else None)
+        if fam is None:
+            return out
+        need = self._expected_sizes(name, copies)
+        world = self.alloc.world
+        files_by_rank: dict[int, set[str]] = {}
+        for rel in set(union) | set(need):
+            r = fam.rank_of(rel)
+            if r is not None:
+                files_by_rank.setdefault(r, set()).add(rel)
+        out.extra_ranks = sorted(r for r in files_by_rank if r >= world)
+        mine = set(self.ranks_checked())
+        if False:  # absent ranks on node-local storage are reported per node as missing files (CKD401)
+            out.absent_ranks = sorted(r for r in range(world) if r not in files_by_rank) if files_by_rank else []
+        miss: dict[tuple[str, str], Gap] = {}
+        for r in sorted(files_by_rank):
+            if r >= world or r not in mine:
+                continue
+            node = self.alloc.rank_node[r]
+            ck = copies.get(node)
+            for rel in sorted(files_by_rank[r]):
+                have = ck.files.get(rel) if ck else None
+                shown = self._show(node, name, rel)
+                if have is None:
+                    g = miss.setdefault((node, rel), Gap(node, name, shown, rel, []))
+                    g.ranks.append(r)
+                elif rel in need and have < need[rel]:
+                    out.short.append(Gap(node, name, shown, rel, [r], need[rel], have))
+        if not self.shared and files_by_rank:  # node-local: a rank of ours with no file at all
+            for r in sorted(mine):
+                if r < world and r not in files_by_rank:
+                    node = self.alloc.rank_node[r]
+                    what = fam.rank_glob.format(rank=r)
+                    miss.setdefault((node, what), Gap(node, name, self._show(node, name, ""), what, [])).ranks.append(r)
+        out.missing = list(miss.values())
+        present_anywhere = {g for g in fam.optional_global if g in union}
+        for node in self.nodes_checked:
+            if self.alloc.ranks_of(node) == [] and not self.local:
+                continue
+            ck = copies.get(node)
+            for g in list(fam.global_files) + sorted(present_anywhere):
+                if ck is None or g not in ck.files:
+                    out.global_missing.append(Gap(node, name, self._show(node, name, g), g,
+                                                  self.alloc.ranks_of(node)))
+        return out
+
+    def _show(self, node: str, name: str, rel: str) -> str:
+        v = self.views[node]
+        return v.show(f"{name}/{rel}" if name else rel)
+
+    # ---- nvidia-resiliency-ext ----------------------------------------------------------------
+    @cached_property
+    def nvrx(self) -> dict[int, dict]:
+        """step -> {'owners_missing': [...], 'holders': {owner: [nodes]}} over the allocation."""
+        steps: dict[int, dict[int, set[str]]] = {}
+        for n in self.nodes_checked:
+            for step, owners in self.views[n].nvrx.items():
+                for owner in owners:
+                    steps.setdefault(step, {}).setdefault(owner, set()).add(n)
+        out = {}
+        for step, owners in sorted(steps.items()):
+            need = self.ranks_checked() if self.local else range(self.alloc.world)
+            out[step] = {"owners_missing": [r for r in need if r not in owners],
+                         "holders": {o: sorted(ns) for o, ns in owners.items()}}
+        return out
+
+    # ---- verdicts across checkpoints ------------------------------------------------------------
+    def newest_reachable(self) -> str | None:
+        ok = [(s, n) for s, n in self.names if self.verdicts[n].reachable and self.verdicts[n].family]
+        if self.nvrx:
+            ok += [(s, f"iter_{s:07d}") for s, d in self.nvrx.items() if not d["owners_missing"]]
+        return max(ok, key=lambda t: (t[0] is not None, t[0] or 0))[1] if ok else None
+
+    @cached_property
+    def target(self) -> str | None:
+        """The checkpoint the framework will resume from (its own rule), as far as views tell."""
+        from ..publishing import naming
+        kinds = {self.views[n].kind for n in self.nodes_checked}
+        if "checkpoint" in kinds:
+            return ""
+        if "nvrx" in kinds:
+            steps = [s for s in self.nvrx]
+            return f"iter_{max(steps):07d}" if steps else None
+        names = [n for _, n in self.names]
+        for node in self.nodes_checked:
+            v = self.views[node]
+            if v.tracker is not None and v.tracker_file:
+                fmt = next((f for f in naming.formats().values() if f.file == v.tracker_file
+                            and any(f.dir_re.match(x) for x in names)), None)
+                if fmt:
+                    return fmt.dir_for(v.tracker, names) or f"<{v.tracker.strip()[:40]}>"
+        if self.any_tracker is False and any(self.views[n].tracker_file for n in self.nodes_checked):
+            return None  # no tracker anywhere: the framework starts from step 0
+        stepped = [(s, n) for s, n in self.names if s is not None]
+        return max(stepped)[1] if stepped else None
+
+    @property
+    def any_tracker(self) -> bool:
+        return any(self.views[n].tracker is not None for n in self.nodes_checked)
+
+    @cached_property
+    def writer_nodes(self) -> list[str] | None:
+        """Nodes that wrote the resume target, from its ckptdoctor manifest (`nodes`), if recorded."""
+        import json
+        from ..layouts import manifest as mf
+        name = self.target
+        if name is None:
+            return None
+        for node in self.nodes_checked:
+            v = self.views[node]
+            ck = v.checkpoints.get(name)
+            if ck and mf.NAME in ck.files:
+                try:
+                    doc = json.loads(v.storage.read(f"{name}/{mf.NAME}" if name else mf.NAME, mf.MAX_MANIFEST_BYTES))
+                except (OSError, ValueError):
+                    return None
+                nodes = doc.get("nodes") if isinstance(doc, dict) else None
+                return [str(x) for x in nodes] if isinstance(nodes, list) else None
+        return None
+
+    def trackers(self) -> dict[str, str | None]:
+        return {n: self.views[n].tracker for n in self.nodes_checked if self.views[n].kind == "run"}
