@@ -165,12 +165,6 @@ def merge(reports: List[str] = typer.Argument(..., help="JSON reports of `verify
     raise typer.Exit(1 if rep.failed() else 0)
 
 
-def _not_landed(command: str, issue: int):
-    from .engine.errors import NotLanded
-    raise NotLanded(f"{command}: not implemented yet (tracked in issue #{issue}); "
-                    f"no check was run")
-
-
 class TrackerOpt(str, Enum):
     auto = "auto"
     none = "none"

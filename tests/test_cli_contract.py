@@ -55,9 +55,10 @@ def test_exit_2_on_bad_option_and_bad_selector(healthy):
     assert rc == 2 and "ZZZ999" in err
 
 
-def test_exit_2_for_subcommands_not_landed(tmp_path):
-    rc, out, err = cli("preflight", str(tmp_path))
-    assert rc == 2 and "not implemented" in err and out == ""
+def test_exit_2_for_a_location_that_does_not_exist(tmp_path):
+    for cmd in (["verify"], ["reconcile"], ["preflight", "--nodelist", "n1", "--ranks-per-node", "1"]):
+        rc, out, err = cli(*cmd, str(tmp_path / "nope"))
+        assert rc == 2 and "nope" in err and "Traceback" not in err, (cmd, err)
 
 
 def test_unknown_layout_fails_closed(tmp_path):

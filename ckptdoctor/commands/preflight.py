@@ -85,6 +85,8 @@ def run(location: str, engine: Engine, alloc: Allocation, local: bool = False, n
     views = {}
     if shared:
         v = open_view(me or "*", location)
+        if v.problem:  # one shared location that is not there: bad input, not a node's fault
+            raise InputError(f"{location}: {v.problem}")
         views = {n: v for n in alloc.nodes}
     else:
         for n in ([me] if me else alloc.nodes):

@@ -124,7 +124,7 @@ class Preflight:
                     g.ranks.append(r)
                 elif rel in need and have < need[rel]:
                     out.short.append(Gap(node, name, shown, rel, [r], need[rel], have))
-        if not self.shared and files_by_rank:  # node-local: a rank of ours with no file at all
+        if not self.shared:  # node-local: a rank of ours with no file at all
             for r in sorted(mine):
                 if r < world and r not in files_by_rank:
                     node = self.alloc.rank_node[r]

@@ -1,0 +1,29 @@
+#!/bin/bash
+# First step of a Slurm batch job: every node checks that its ranks can read what they will load,
+# before any GPU work starts.  A bad checkpoint fails the *job*; nodes stay idle (a node Prolog
+# would drain them instead).  Usage inside an sbatch script (with #SBATCH --requeue):
+#
+#   CKPTDOCTOR=/opt/ckptdoctor/bin/ckptdoctor  # absolute path; default: ckptdoctor on PATH
+#   /opt/ckptdoctor/share/preflight-step.sh '/nvme/{node}/run7' || exit $?
+#   srun python train.py
+#
+# LOCATION may contain {node}: each node checks its own copy ({node} -> $SLURMD_NODENAME).
+# Ranks per node come from the job ($SLURM_NTASKS_PER_NODE), captured before the one-task step
+# overrides it; set CKPTDOCTOR_RANKS_PER_NODE to override.
+# Exit: 0 go on; 75 storage unreachable -> job requeued and held for a human; else the failure.
+set -u
+loc=${1:?usage: preflight-step.sh LOCATION [extra ckptdoctor preflight options]}
+shift
+ckd=${CKPTDOCTOR:-ckptdoctor}
+rpn=${CKPTDOCTOR_RANKS_PER_NODE:-${SLURM_NTASKS_PER_NODE:-${SLURM_TASKS_PER_NODE:-1}}}
+export CKD_LOC="$loc" CKD_BIN="$ckd" CKD_RPN="$rpn"
+srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c \
+  '"$CKD_BIN" preflight --local "${CKD_LOC//\{node\}/$SLURMD_NODENAME}" --ranks-per-node "$CKD_RPN" "$@"' \
+  ckptdoctor-preflight "$@"
+rc=$?
+case $rc in
+  0) exit 0 ;;
+  75) echo "ckptdoctor preflight: storage unreachable; requeueing job $SLURM_JOB_ID held" >&2
+      scontrol requeuehold "$SLURM_JOB_ID"; exit 75 ;;
+  *) echo "ckptdoctor preflight failed (rc=$rc): not starting training" >&2; exit "$rc" ;;
+esac

@@ -1,0 +1,251 @@
+"""preflight on node-local layouts built from real checkpoints (a 4-rank gloo DCP save), and the
+hostlist expander.  The real-Slurm tests are in test_slurm.py."""
+import json
+import os
+import shutil
+
+import pytest
+
+from ckptdoctor.engine.finding import Report
+from ckptdoctor.slurm.hostlist import HostlistError, compress, expand, tasks_per_node
+from helpers import assert_fires_json, cli
+
+TRACKER = "latest_checkpointed_iteration.txt"
+
+
+# ---- hostlist ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("expr, hosts", [
+    ("gpu[001-004,010]", ["gpu001", "gpu002", "gpu003", "gpu004", "gpu010"]),
+    ("rack[1-2]-gpu[01-02],login1", ["rack1-gpu01", "rack1-gpu02", "rack2-gpu01", "rack2-gpu02", "login1"]),
+    ("n[1-10]", [f"n{i}" for i in range(1, 11)]),
+    ("n[001-4]", ["n001", "n002", "n003", "n004"]),
+    ("x[1-3,5]y[2-3]", ["x1y2", "x1y3", "x2y2", "x2y3", "x3y2", "x3y3", "x5y2", "x5y3"]),
+    ("a1,b1,a2", ["a1", "b1", "a2"]),
+    ("node7", ["node7"]),
+])
+def test_expand(expr, hosts):
+    assert expand(expr) == hosts
+
+
+@pytest.mark.parametrize("expr", ["gpu[1-2", "gpu1-2]", "gpu[3-1]", "gpu[a-b]", "gpu[[1-2]]", "", "a,,b",
+                                  "a[1-2]b", "n[1-999999]", "n[1-1000]x[1-1000]"])
+def test_expand_rejects_malformed(expr):
+    with pytest.raises(HostlistError):
+        expand(expr)
+
+
+@pytest.mark.parametrize("hosts, expr", [
+    (["gpu001", "gpu002", "gpu003", "gpu004", "gpu010"], "gpu[001-004,010]"),
+    (["a1", "b1", "a2"], "a1,b1,a2"),
+    (["n1", "n2", "n3", "n10", "n11"], "n[1-3,10-11]"),
+    (["n3", "n1", "n2"], "n[3,1-2]"),
+    (["n9", "n10"], "n[9-10]"),
+    (["x", "y1"], "x,y1"),
+])
+def test_compress_like_scontrol(hosts, expr):
+    assert compress(hosts) == expr
+    assert expand(expr) == hosts
+
+
+def test_tasks_per_node():
+    assert tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert tasks_per_node("4", nodes=3) == [4, 4, 4]
+    with pytest.raises(HostlistError):
+        tasks_per_node("2(x")
+
+
+# ---- node-local fixtures ------------------------------------------------------------------------
+def spread(src_ckpt, root, nodes, per_node, name="iter_0000100", tracker="100", skip=()):
+    """Copy a real checkpoint into per-node roots the way node-local saving leaves it: each node
+    holds its own ranks' shards plus the global files."""
+    for i, n in enumerate(nodes):
+        d = os.path.join(root, n, "run7", name)
+        os.makedirs(d, exist_ok=True)
+        for f in os.listdir(src_ckpt):
+            if (n, f) in skip:
+                continue
+            if f.startswith("__") and f.endswith(".distcp"):
+                if int(f[2:].split("_")[0]) // per_node != i:
+                    continue
+            shutil.copy2(os.path.join(src_ckpt, f), d)
+        if tracker is not None:
+            with open(os.path.join(root, n, "run7", TRACKER), "w") as fh:
+                fh.write(tracker)
+    return os.path.join(root, "{node}", "run7")
+
+
+def pre(*args, env=None):
+    rc, out, err = cli("preflight", "--format", "json", *map(str, args), env=env)
+    assert "Traceback" not in err, err
+    return rc, (json.loads(out) if out.strip().startswith("{") else None), err
+
+
+@pytest.fixture
+def four(fixture_root, tmp_path):
+    """4 real gloo ranks' DCP checkpoint, 2 ranks per node on n1, n2."""
+    return fixture_root / "dcp_4rank", tmp_path / "nodes"
+
+
+def test_all_shards_present_is_clean(four):
+    src, root = four
+    loc = spread(src, root, ["n1", "n2"], 2)
+    spread(src, root, ["n1", "n2"], 2, name="iter_0000200", tracker="200")
+    rc, rep, err = pre(loc, "--nodelist", "n[1-2]", "--ranks-per-node", "2")
+    assert rc == 0, rep["findings"]
+    assert rep["facts"]["resume_from"] == "iter_0000200" == rep["facts"]["newest_reachable"]
+    assert [r["node"] for r in rep["facts"]["nodes"]] == ["n1", "n2"]
+
+
+def test_swapped_node_strands_shards_and_names_fallback(four):
+    src, root = four
+    spread(src, root, ["n1", "n2"], 2)
+    loc = spread(src, root, ["n1", "n2"], 2, name="iter_0000200", tracker="200")
+    shutil.copytree(root / "n2", root / "n3")  # n3 joins ...
+    shutil.rmtree(root / "n3" / "run7" / "iter_0000200")  # ... with only the older checkpoint
+    os.makedirs(root / "n3" / "run7" / "iter_0000200")
+    for f in (".metadata",):
+        shutil.copy2(src / f, root / "n3" / "run7" / "iter_0000200")
+    rc, rep, err = pre(loc, "--nodelist", "n[1,3]", "--ranks-per-node", "2")
+    assert rc == 1
+    hits = assert_fires_json(rep, "CKD401", path_contains="n3/run7/iter_0000200")
+    assert hits[0]["details"]["ranks"] == [2, 3] and hits[0]["severity"] == "error"
+    fall = assert_fires_json(rep, "CKD406")
+    assert fall[0]["details"] == {"resume_from": "iter_0000200", "newest_reachable": "iter_0000100"}
+
+
+def test_ranks_moved_to_another_node_hint(four):
+    src, root = four
+    loc = spread(src, root, ["n1", "n2"], 2)
+    rc, rep, err = pre(loc, "--nodelist", "n[1-2]", "--ranks-per-node", "1,3")
+    hits = assert_fires_json(rep, "CKD401", path_contains="n2/")
+    assert "exists on n1" in hits[0]["hint"]  # rank 1's shard is on n1, but rank 1 now runs on n2
+
+
+def test_global_file_and_tracker_missing_on_one_node(four):
+    src, root = four
+    loc = spread(src, root, ["n1", "n2"], 2, skip={("n2", ".metadata")})
+    os.remove(root / "n2" / "run7" / TRACKER)
+    rc, rep, err = pre(loc, "--nodelist", "n[1-2]", "--ranks-per-node", "2")
+    hits = assert_fires_json(rep, "CKD403", path_contains="n2/run7")
+    msgs = " ".join(h["message"] for h in hits)
+    assert ".metadata" in msgs and TRACKER in msgs and "step 0" in msgs
+
+
+def test_tracker_disagrees_between_nodes(four):
+    src, root = four
+    loc = spread(src, root, ["n1", "n2"], 2)
+    spread(src, root, ["n1", "n2"], 2, name="iter_0000200", tracker="200")
+    (root / "n2" / "run7" / TRACKER).write_text("100")
+    rc, rep, err = pre(loc, "--nodelist", "n[1-2]", "--ranks-per-node", "2")
+    hits = assert_fires_json(rep, "CKD404")
+    assert hits[0]["details"]["trackers"] == {"n1": "200", "n2": "100"}
+
+
+def test_short_node_local_copy(four):
+    src, root = four
+    loc = spread(src, root, ["n1", "n2"], 2)
+    shard = next((root / "n2" / "run7" / "iter_0000100").glob("__3_*.distcp"))
+    os.truncate(shard, shard.stat().st_size // 2)
+    rc, rep, err = pre(loc, "--nodelist", "n[1-2]", "--ranks-per-node", "2")
+    hits = assert_fires_json(rep, "CKD402", path_contains="n2/run7/iter_0000100/__3_")
+    assert hits[0]["details"]["actual_bytes"] < hits[0]["details"]["expected_bytes"]
+
+
+def test_node_set_changed_against_manifest_and_missing_node(four):
+    src, root = four
+    loc = spread(src, root, ["n1", "n2"], 2)
+    env = {"SLURM_JOB_NODELIST": "n[1-2]"}
+    for n in ("n1", "n2"):  # the writing job recorded its nodes in the manifest
+        rc, out, err = cli("manifest", str(root / n / "run7" / "iter_0000100"), env=env)
+        assert rc == 0, err
+    rc, rep, err = pre(loc, "--nodelist", "n[1,4]", "--ranks-per-node", "2")
+    hits = assert_fires_json(rep, "CKD405")
+    assert hits[0]["details"]["left"] == ["n2"] and hits[0]["details"]["joined"] == ["n4"]
+    assert_fires_json(rep, "CKD407", path_contains="n4/run7")
+
+
+def test_world_size_changed(four):
+    src, root = four
+    loc = spread(src, root, ["n1", "n2"], 2)
+    rc, rep, err = pre(loc, "--nodelist", "n[1-2]", "--ranks-per-node", "1")
+    hits = assert_fires_json(rep, "CKD408")
+    assert hits[0]["details"]["extra_ranks"] == [2, 3]
+
+
+def test_shared_storage_and_rank_map(fixture_root, tmp_path):
+    run = tmp_path / "run7"
+    shutil.copytree(fixture_root / "megatron_run", run)
+    rc, rep, err = pre(run, "--nodelist", "gpu[01-02]", "--ranks-per-node", "1")
+    assert rc == 0 and rep["facts"]["newest_reachable"] == "iter_0000200", rep["findings"]
+    m = tmp_path / "map.txt"
+    m.write_text("0 gpu02\n1 gpu01\n")
+    rc, rep, err = pre(run, "--nodelist", "gpu[01-02]", "--rank-map", m)
+    assert rc == 0 and [r["ranks"] for r in rep["facts"]["nodes"]] == [[1, 1], [0, 0]]
+    m.write_text("0 gpu02\n2 gpu01\n")
+    rc, rep, err = pre(run, "--nodelist", "gpu[01-02]", "--rank-map", m)
+    assert rc == 2 and "0..W-1" in err
+
+
+def test_local_mode_checks_only_this_node(four):
+    src, root = four
+    loc = spread(src, root, ["n1", "n2"], 2)
+    os.remove(next((root / "n2" / "run7" / "iter_0000100").glob("__3_*.distcp")))
+    env = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NTASKS_PER_NODE": "2"}
+    rc, rep, err = pre("--local", root / "n1" / "run7", env=env | {"SLURMD_NODENAME": "n1"})
+    assert rc == 0, rep["findings"]
+    rc, rep, err = pre("--local", root / "n2" / "run7", env=env | {"SLURMD_NODENAME": "n2"})
+    assert rc == 1
+    hits = assert_fires_json(rep, "CKD401")
+    assert hits[0]["details"]["ranks"] == [3] and "__3_*.distcp" in hits[0]["message"]
+    rc, rep, err = pre("--local", root / "n2" / "run7", env=env | {"SLURMD_NODENAME": "n9"})
+    assert rc == 2 and "not in the node list" in err
+    del loc
+
+
+def test_verl_node_local_and_nvrx_replicas(tmp_path):
+    # verl: global_step_N/actor/model_world_size_4_rank_R.pt, data.pt on every node
+    for i, n in enumerate(["a1", "a2"]):
+        d = tmp_path / n / "run" / "global_step_50"
+        (d / "actor").mkdir(parents=True)
+        for r in (2 * i, 2 * i + 1):
+            (d / "actor" / f"model_world_size_4_rank_{r}.pt").write_bytes(b"PK\x03\x04" + bytes(64))
+        if n == "a1":
+            (d / "data.pt").write_bytes(b"PK\x03\x04" + bytes(16))
+        (tmp_path / n / "run" / TRACKER).write_text("50")
+    rc, rep, err = pre(tmp_path / "{node}" / "run", "--nodelist", "a[1-2]", "--ranks-per-node", "2")
+    hits = assert_fires_json(rep, "CKD403", path_contains="a2/run/global_step_50/data.pt")
+    assert hits[0]["severity"] == "error"
+    # nvidia-resiliency-ext: <rank>/iter_*_<owner>_local.pt, owner 1 replicated on node b2 only
+    for n, holders in (("b1", {0: [0], 1: [1]}), ("b2", {2: [2, 1], 3: [3]})):
+        for holder, owners in holders.items():
+            d = tmp_path / n / "local" / str(holder)
+            d.mkdir(parents=True)
+            for o in owners:
+                (d / f"iter_0000300_{o}_local.pt").write_bytes(b"x" * 32)
+    rc, rep, err = pre(tmp_path / "{node}" / "local", "--nodelist", "b[1-2]", "--ranks-per-node", "2")
+    assert rc == 0 and rep["facts"]["newest_reachable"] == "iter_0000300", rep["findings"]
+    shutil.rmtree(tmp_path / "b1")  # b1 replaced by b3 with nothing: owner 0 is gone, owner 1 survives
+    (tmp_path / "b3" / "local").mkdir(parents=True)
+    rc, rep, err = pre(tmp_path / "{node}" / "local", "--nodelist", "b[2-3]", "--ranks-per-node", "2")
+    hits = assert_fires_json(rep, "CKD401")
+    assert hits[0]["details"]["owners_missing"] == [0]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--nodelist", "gpu[1-2", "--ranks-per-node", "2"], "unbalanced"),
+    (["--nodelist", "gpu[1-2]"], "ranks per node unknown"),
+    ([], "no node list"),
+])
+def test_usage_errors_are_one_line(tmp_path, args, words):
+    rc, out, err = cli("preflight", str(tmp_path), *args, env={"SLURM_JOB_NODELIST": "", "SLURM_NODELIST": "",
+                                                                "SLURM_NTASKS_PER_NODE": "", "SLURM_TASKS_PER_NODE": ""})
+    assert rc == 2 and words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_preflight_is_read_only(four):
+    src, root = four
+    loc = spread(src, root, ["n1", "n2"], 2)
+    before = {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+    pre(loc, "--nodelist", "n[1-3]", "--ranks-per-node", "2")
+    assert {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")} == before
+    assert isinstance(Report, type)

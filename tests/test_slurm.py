@@ -1,0 +1,140 @@
+"""preflight on a real Slurm cluster (3 slurmd 'nodes' on loopback): the shipped first-step script
+and the always-exit-0 Prolog wrapper stop a job whose node-local shards are stranded, say why, and
+drain no node.  Skipped (loudly) only when slurm-wlm cannot be run here; .ci/run installs it."""
+import os
+import shutil
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from ckptdoctor.layouts import dcp_writer as W
+from ckptdoctor.slurm.hostlist import compress, expand
+
+import slurm_lab
+
+REPO = Path(__file__).resolve().parent.parent
+CKD = str(Path(sys.executable).parent / "ckptdoctor")
+WHY = slurm_lab.missing()
+if WHY:
+    warnings.warn(f"REAL-SLURM TESTS SKIPPED: {WHY}")
+pytestmark = pytest.mark.skipif(bool(WHY), reason=f"REAL-SLURM TESTS SKIPPED: {WHY}")
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    root = tmp_path_factory.mktemp("slurmlab")
+    os.chmod(root, 0o755)
+    prolog = root / "prolog.sh"
+    prolog.write_text(f"#!/bin/bash\nexport CKPTDOCTOR={CKD}\nexec {REPO}/scripts/slurm/prolog-wrapper.sh\n")
+    prolog.chmod(0o755)
+    lab = slurm_lab.Lab(root, prolog=str(prolog))
+    try:
+        lab.start()
+        yield lab
+    finally:
+        lab.stop()
+
+
+@pytest.fixture
+def nodes_root(tmp_path):
+    """A 6-rank DCP checkpoint spread node-locally over n1..n3 (2 ranks each), tracker everywhere."""
+    src = tmp_path / "src" / "iter_0000100"
+    W.write(str(src), [W.Item("w", (12, 4), (2 * r, 0), (2, 4), [float(r)] * 8, rank=r) for r in range(6)])
+    for i, n in enumerate(slurm_lab.NODES):
+        d = tmp_path / "nodes" / n / "run7" / "iter_0000100"
+        d.mkdir(parents=True)
+        for f in os.listdir(src):
+            if f.endswith(".distcp") and int(f[2:].split("_")[0]) // 2 != i:
+                continue
+            shutil.copy2(src / f, d)
+        (tmp_path / "nodes" / n / "run7" / "latest_checkpointed_iteration.txt").write_text("100")
+    os.chmod(tmp_path, 0o755)
+    return tmp_path / "nodes"
+
+
+def test_hostlist_matches_scontrol(lab):
+    for expr in ["gpu[001-004,010]", "rack[1-2]-gpu[01-02],login1", "n[1-10]", "n[001-4]", "x[1-3,5]y[2-3]",
+                 "a1,b1,a2", "n[09-11]", "n[0-2],m7"]:
+        got = lab.run(["scontrol", "show", "hostnames", expr])
+        assert got.returncode == 0, got.stderr
+        assert expand(expr) == got.stdout.split(), expr
+        back = lab.run(["scontrol", "show", "hostlist", ",".join(expand(expr))]).stdout.strip()
+        assert compress(expand(expr)) == back, expr
+    for bad in ["gpu[3-1]", "gpu[a-b]", "a[1-2]b"]:
+        r = lab.run(["scontrol", "show", "hostnames", bad])
+        assert r.returncode != 0 or "Invalid hostlist" in r.stdout + r.stderr, bad
+        with pytest.raises(ValueError):
+            expand(bad)
+
+
+def _job(tmp_path, body: str, **sbatch) -> Path:
+    script = tmp_path / f"job{time.time_ns()}.sh"
+    opts = "\n".join(f"#SBATCH {k}" for k in sbatch.get("opts", []))
+    script.write_text(f"#!/bin/bash\n{opts}\n{body}\n")
+    script.chmod(0o755)
+    return script
+
+
+def _train_body(nodes_root, trained):
+    return (f"export CKPTDOCTOR={CKD}\n"
+            f"{REPO}/scripts/slurm/preflight-step.sh '{nodes_root}/{{node}}/run7' || exit $?\n"
+            f"srun bash -c 'touch {trained}/rank.$SLURM_PROCID'\n")
+
+
+def test_first_step_preflight_lets_a_healthy_job_train(lab, nodes_root, tmp_path):
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    os.chmod(tmp_path, 0o755)
+    out = tmp_path / "ok.out"
+    job = _job(tmp_path, _train_body(nodes_root, trained), opts=["-N3", "--ntasks-per-node=2", f"-o {out}"])
+    r = lab.run(["sbatch", "--wait", str(job)], timeout=120)
+    assert r.returncode == 0, (r.stderr, out.read_text() if out.exists() else "")
+    assert sorted(os.listdir(trained)) == [f"rank.{i}" for i in range(6)]
+
+
+def test_first_step_preflight_stops_job_with_stranded_shards(lab, nodes_root, tmp_path):
+    for f in (nodes_root / "n2" / "run7" / "iter_0000100").glob("__*_0.distcp"):
+        f.unlink()  # n2 was replaced: its node-local shards are gone
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    os.chmod(tmp_path, 0o755)
+    out = tmp_path / "bad.out"
+    job = _job(tmp_path, _train_body(nodes_root, trained), opts=["-N3", "--ntasks-per-node=2", f"-o {out}"])
+    r = lab.run(["sbatch", "--wait", str(job)], timeout=120)
+    text = out.read_text()
+    assert r.returncode != 0, text
+    assert os.listdir(trained) == []  # training never started
+    assert "CKD401" in text and "node n2" in text and "ranks 2,3" in text, text
+    assert "not starting training" in text
+    assert lab.states() == {n: "idle" for n in slurm_lab.NODES}  # no node drained
+
+
+def test_prolog_wrapper_holds_job_without_draining(lab, nodes_root, tmp_path):
+    (nodes_root / "n3" / "run7" / "iter_0000100" / ".metadata").unlink()
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    os.chmod(tmp_path, 0o755)
+    job = _job(tmp_path, f"srun bash -c 'touch {trained}/rank.$SLURM_PROCID'",
+               opts=["-N3", "--ntasks-per-node=2", f"-o {tmp_path}/p.out"])
+    r = lab.run(["sbatch", "--parsable", f"--comment=ckptdoctor={nodes_root}/{{node}}/run7 ranks=2", str(job)])
+    assert r.returncode == 0, r.stderr
+    jobid = r.stdout.strip().split(";")[0]
+    try:
+        j = lab.wait_job(jobid, states=("HELD", "COMPLETED", "FAILED", "CANCELLED"), timeout=60)
+        assert j["JobState"] == "PENDING" and "held" in j["Reason"], j
+        assert "CKD403" in j.get("AdminComment", "") and "n3" in j["AdminComment"], j
+        assert lab.states() == {n: "idle" for n in slurm_lab.NODES}
+        assert os.listdir(trained) == []
+    finally:
+        lab.run(["scancel", jobid])
+        lab.resume_all()
+    # the same job with the checkpoint repaired runs through the wrapper
+    shutil.copy2(nodes_root / "n1" / "run7" / "iter_0000100" / ".metadata",
+                 nodes_root / "n3" / "run7" / "iter_0000100" / ".metadata")
+    r = lab.run(["sbatch", "--parsable", "--wait", f"--comment=ckptdoctor={nodes_root}/{{node}}/run7 ranks=2",
+                 str(job)], timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(trained)) == [f"rank.{i}" for i in range(6)]
