@@ -110,9 +110,29 @@ def publish(files=16, mb=256, runs=3):
     shutil.rmtree(base)
 
 
+def preflight_local(ckpts=20, ranks=8):
+    """Prolog mode on one node: a node-local run root with `ckpts` checkpoints x `ranks` local
+    shards (+ .metadata, tracker), vs `find | stat` of the same tree and a bare interpreter."""
+    from ckptdoctor.layouts import dcp_writer as W
+    base = tempfile.mkdtemp(prefix="ckd-bench-pre-")
+    run = os.path.join(base, "n1", "run7")
+    for c in range(ckpts):
+        d = os.path.join(run, f"iter_{(c + 1) * 100:07d}")
+        W.write(d, [W.Item("w", (ranks * 2, 4), (r * 2, 0), (2, 4), [1.0] * 8, rank=r) for r in range(ranks)])
+    open(os.path.join(run, "latest_checkpointed_iteration.txt"), "w").write(str(ckpts * 100))
+    env = dict(os.environ, SLURMD_NODENAME="n1", SLURM_JOB_NODELIST="n[1-4]", SLURM_NTASKS_PER_NODE=str(ranks))
+    rows = [("python -c pass", timeit([PY, "-c", "pass"], 9)),
+            ("find RUN -type f -exec stat", timeit(["sh", "-c", f"find {run} -type f -exec stat -c %s {{}} + >/dev/null"], 9)),
+            ("ckptdoctor preflight --local RUN", timeit(CKD + ["preflight", "--local", "-q", run], 9, env=env))]
+    print(f"{ckpts} checkpoints x {ranks} local ranks on one node of 4:")
+    table(rows, "python -c pass")
+    shutil.rmtree(base)
+
+
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "all"
-    for name, fn in (("startup", startup), ("structural", structural), ("publish", publish)):
+    for name, fn in (("startup", startup), ("structural", structural), ("publish", publish),
+                     ("preflight", preflight_local)):
         if what in (name, "all"):
             print(f"\n## {name}\n")
             fn()
