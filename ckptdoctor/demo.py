@@ -93,6 +93,7 @@ def run_demo(directory: str | None, fmt: str = "text") -> int:
     caught = caught and "CKD151" in eng2.report.rules()
     caught = _reconcile_scene(root, fmt, out) and caught
     caught = _publish_scene(root, run, fmt, out) and caught
+    caught = _preflight_scene(root, fmt, out) and caught
     return 0 if caught else 1  # the demo succeeds when the doctor catches every injected fault
 
 
@@ -182,3 +183,33 @@ def _publish_scene(root: str, run: str, fmt: str, out) -> bool:
     vflow.run(durable, eng)
     render(eng.report, fmt, out)
     return ok and not eng.report.failed() and eng.report.facts.get("resume_from") == "iter_0000200"
+
+
+def _preflight_scene(root: str, fmt: str, out) -> bool:
+    """Node-local shards on gpu[01-02]; the relaunch swaps gpu02 for gpu03."""
+    import shutil
+    from .cli import _engine
+    from .commands import preflight as flow
+    from .report import render
+    src = os.path.join(root, "nvme-save", "iter_0000100")
+    W.write(src, _items(100))
+    with open(os.path.join(src, "metadata.json"), "w") as fh:
+        json.dump({"sharded_backend": "torch_dist"}, fh)
+    nodes = os.path.join(root, "nodes")
+    for i, node in enumerate(("gpu01", "gpu02", "gpu03")):
+        d = os.path.join(nodes, node, "run7", "iter_0000100")
+        os.makedirs(d)
+        for f in os.listdir(src):
+            if f.endswith(".distcp") and (int(f[2:].split("_")[0]) // 2 != i or node == "gpu03"):
+                continue  # each node holds its own ranks' shards; the fresh gpu03 holds none
+            shutil.copy2(os.path.join(src, f), d)
+        with open(os.path.join(nodes, node, "run7", "latest_checkpointed_iteration.txt"), "w") as fh:
+            fh.write("100")
+    loc = os.path.join(nodes, "{node}", "run7")
+    if fmt == "text":
+        out.write("\n# scene 5: node-local checkpoints on gpu[01-02]; the relaunch got gpu[01,03]\n"
+                  f"$ ckptdoctor preflight '{loc}' --nodelist 'gpu[01,03]' --ranks-per-node 2\n")
+    eng = _engine("preflight", loc, None, None, None, None, None, True, False)
+    flow.run(loc, eng, flow.allocation("gpu[01,03]", "2", None))
+    render(eng.report, fmt, out)
+    return "CKD401" in eng.report.rules() and "CKD406" in eng.report.rules()

@@ -47,9 +47,10 @@ def _sbin(name: str) -> str:
 
 
 class Lab:
-    def __init__(self, root: Path, prolog: str | None = None):
+    def __init__(self, root: Path, prolog: str | None = None, prolog_ctld: str | None = None):
         self.root = root
         self.prolog = prolog
+        self.prolog_ctld = prolog_ctld
         self.pids: list[tuple[str, int]] = []
         self.env = dict(os.environ)
         self.munged_pid: int | None = None
@@ -64,6 +65,8 @@ class Lab:
         ctld = ports
         conf = r / "etc" / "slurm.conf"
         prolog = f"Prolog={self.prolog}\nPrologFlags=Alloc,DeferBatch\nPrologEpilogTimeout=30\n" if self.prolog else ""
+        if self.prolog_ctld:
+            prolog += f"PrologSlurmctld={self.prolog_ctld}\n"
         conf.write_text(f"""ClusterName=ckdlab
 SlurmctldHost=localhost
 SlurmUser=root

@@ -27,10 +27,17 @@ pytestmark = pytest.mark.skipif(bool(WHY), reason=f"REAL-SLURM TESTS SKIPPED: {W
 def lab(tmp_path_factory):
     root = tmp_path_factory.mktemp("slurmlab")
     os.chmod(root, 0o755)
-    prolog = root / "prolog.sh"
-    prolog.write_text(f"#!/bin/bash\nexport CKPTDOCTOR={CKD}\nexec {REPO}/scripts/slurm/prolog-wrapper.sh\n")
-    prolog.chmod(0o755)
-    lab = slurm_lab.Lab(root, prolog=str(prolog))
+    hooks = {}
+    for name, script, tag in (("prolog.sh", "prolog-wrapper.sh", "hook=node"),
+                              ("prolog_ctld.sh", "prolog-slurmctld.sh", "hook=ctld")):
+        p = root / name  # one lab, two hooks: a job picks one with its comment
+        # the lab's slurm.conf is not at the default path, and PrologSlurmctld gets no SLURM_CONF
+        p.write_text(f"#!/bin/bash\ncase \"$SLURM_JOB_COMMENT\" in *{tag}*) ;; *) exit 0 ;; esac\n"
+                     f"export CKPTDOCTOR={CKD} SLURM_CONF={root}/etc/slurm.conf\n"
+                     f"exec {REPO}/scripts/slurm/{script}\n")
+        p.chmod(0o755)
+        hooks[name] = str(p)
+    lab = slurm_lab.Lab(root, prolog=hooks["prolog.sh"], prolog_ctld=hooks["prolog_ctld.sh"])
     try:
         lab.start()
         yield lab
@@ -112,14 +119,15 @@ def test_first_step_preflight_stops_job_with_stranded_shards(lab, nodes_root, tm
     assert lab.states() == {n: "idle" for n in slurm_lab.NODES}  # no node drained
 
 
-def test_prolog_wrapper_holds_job_without_draining(lab, nodes_root, tmp_path):
+@pytest.mark.parametrize("hook", ["node", "ctld"])
+def test_prolog_hooks_hold_job_without_draining(lab, nodes_root, tmp_path, hook):
     (nodes_root / "n3" / "run7" / "iter_0000100" / ".metadata").unlink()
     trained = tmp_path / "trained"
     trained.mkdir()
     os.chmod(tmp_path, 0o755)
     job = _job(tmp_path, f"srun bash -c 'touch {trained}/rank.$SLURM_PROCID'",
                opts=["-N3", "--ntasks-per-node=2", f"-o {tmp_path}/p.out"])
-    r = lab.run(["sbatch", "--parsable", f"--comment=ckptdoctor={nodes_root}/{{node}}/run7 ranks=2", str(job)])
+    r = lab.run(["sbatch", "--parsable", f"--comment=ckptdoctor={nodes_root}/{{node}}/run7 ranks=2 hook={hook}", str(job)])
     assert r.returncode == 0, r.stderr
     jobid = r.stdout.strip().split(";")[0]
     try:
@@ -134,7 +142,7 @@ def test_prolog_wrapper_holds_job_without_draining(lab, nodes_root, tmp_path):
     # the same job with the checkpoint repaired runs through the wrapper
     shutil.copy2(nodes_root / "n1" / "run7" / "iter_0000100" / ".metadata",
                  nodes_root / "n3" / "run7" / "iter_0000100" / ".metadata")
-    r = lab.run(["sbatch", "--parsable", "--wait", f"--comment=ckptdoctor={nodes_root}/{{node}}/run7 ranks=2",
-                 str(job)], timeout=120)
+    r = lab.run(["sbatch", "--parsable", "--wait",
+                 f"--comment=ckptdoctor={nodes_root}/{{node}}/run7 ranks=2 hook={hook}", str(job)], timeout=120)
     assert r.returncode == 0, r.stderr
     assert sorted(os.listdir(trained)) == [f"rank.{i}" for i in range(6)]

@@ -14,7 +14,7 @@ out=$(/usr/bin/timeout 60 "$CKPTDOCTOR" preflight "$loc" --nodelist "$SLURM_JOB_
       --ranks-per-node "$rpn" --quiet 2>&1)
 rc=$?
 if [ "$rc" -ne 0 ]; then
-  "$SCONTROL" update JobId="$SLURM_JOB_ID" AdminComment="ckptdoctor preflight rc=$rc: $(printf '%s' "$out" | grep -m2 ' error ' | tr -s ' ' | cut -c1-300)"
+  "$SCONTROL" update JobId="$SLURM_JOB_ID" AdminComment="ckptdoctor preflight rc=$rc: $(printf '%s' "$out" | grep -m2 ' error ' | tr -s ' \n' ' ' | cut -c1-300)"
   "$SCONTROL" requeuehold "$SLURM_JOB_ID"
 fi
 exit 0
