@@ -21,7 +21,7 @@ def build(st: Storage, layout_name: str | None):
     forced = spec.get(layout_name) if layout_name else None
     run_layout = forced if forced and forced.scope == "run" else None
     if run_layout is None and forced is None:
-        run_layout = spec.detect("run", files, dirs)
+        run_layout = spec.detect("run", files, dirs) or _by_children(st, dirs)
         # a directory that is itself a checkpoint is not a run root (e.g. Megatron iter dir)
         own = spec.detect("checkpoint", files, dirs, name=st.display.rstrip("/").rsplit("/", 1)[-1])
         if run_layout and own and own.priority >= run_layout.priority and not any(
@@ -40,6 +40,22 @@ def build(st: Storage, layout_name: str | None):
     if ck_layout is None:
         return None
     return "checkpoint", CheckpointView(st, "", ck_layout)
+
+
+def _by_children(st: Storage, dirs: set[str]):
+    """Run layouts recognised by what their checkpoint children hold (Orbax: numeric step dirs)."""
+    for lay in sorted(spec.layouts().values(), key=lambda l: -l.priority):
+        if lay.scope != "run" or not lay.child_files or not lay.dir_re:
+            continue
+        kids = sorted((d for d in dirs if lay.dir_re.match(d)), reverse=True)[:3]
+        for d in kids:
+            try:
+                names = {e.name for e in st.listdir(d)}
+            except OSError:
+                continue
+            if any(spec.match_any(n, lay.child_files) for n in names):
+                return lay
+    return None
 
 
 def _checkpoint(st: Storage, name: str, among: tuple[str, ...], step, run) -> CheckpointView:

@@ -15,6 +15,8 @@ CHECK_MODULES = (
     "ckptdoctor.checks.verify_markers",
     "ckptdoctor.checks.verify_dcp",
     "ckptdoctor.checks.verify_layout",
+    "ckptdoctor.checks.verify_safetensors",
+    "ckptdoctor.checks.verify_components",
     "ckptdoctor.checks.verify_trackers",
     "ckptdoctor.checks.verify_checksums",
     "ckptdoctor.checks.verify_publish",

@@ -26,6 +26,7 @@ class Layout:
     detect_dirs: tuple[str, ...] = ()
     claims: tuple[str, ...] = ()      # names that make it match inside its own run layout
     names: tuple[str, ...] = ()       # ... or when the directory itself is named like this
+    child_files: tuple[str, ...] = ()  # run layouts: a checkpoint child holds one of these
     markers: tuple[tuple[str, ...], ...] = ()
     temp: tuple[str, ...] = ()
     temp_dirs: tuple[str, ...] = ()
@@ -71,6 +72,7 @@ def layouts() -> dict[str, Layout]:
             name=d["name"], title=d.get("title", d["name"]), scope=d["scope"],
             priority=int(d.get("priority", 0)), detect_files=_t(det.get("files")),
             detect_dirs=_t(det.get("dirs")), claims=_t(det.get("claims")), names=_t(det.get("names")),
+            child_files=_t(det.get("child_files")),
             markers=tuple(_t(g) for g in (d.get("markers") or ())), temp=_t(d.get("temp")),
             temp_dirs=_t(d.get("temp_dirs")), reader=d.get("reader"), required=_t(d.get("required")),
             optional_archives=_t(d.get("optional_archives")), checkpoint_dirs=d.get("checkpoint_dirs"),

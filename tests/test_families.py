@@ -1,0 +1,254 @@
+"""verify, part 2: Hugging Face safetensors and Trainer, DeepSpeed, verl, NeMo-RL, Orbax layouts,
+built with the real libraries (safetensors, huggingface_hub, torch.save) or with the exact files
+those libraries write (formats.md), broken one way per rule."""
+import json
+import os
+import shutil
+import struct
+
+import pytest
+
+from ckptdoctor import api
+from conftest import needs_torch
+from helpers import assert_fires, assert_no_errors
+
+torch = pytest.importorskip("torch")
+
+
+def sd(n=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {f"model.layers.{i}.mlp.weight": torch.randn(16, 16, generator=g) for i in range(n)}
+
+
+# ---- Hugging Face safetensors --------------------------------------------------------------------
+@pytest.fixture
+def hf_sharded(tmp_path):
+    from huggingface_hub import save_torch_state_dict
+    d = tmp_path / "hf"
+    d.mkdir()
+    save_torch_state_dict(sd(), str(d), max_shard_size="3KB")
+    assert (d / "model.safetensors.index.json").exists() and len(list(d.glob("*.safetensors"))) > 2
+    return d
+
+
+def test_hf_sharded_healthy(hf_sharded):
+    rep = api.verify(str(hf_sharded))
+    assert rep.facts["layout"] == "hf-safetensors"
+    assert_no_errors(rep)
+    assert not rep.findings
+
+
+def test_truncated_shard_caught_from_header(hf_sharded):
+    shard = sorted(hf_sharded.glob("model-*.safetensors"))[1]
+    os.truncate(shard, shard.stat().st_size - 100)
+    hits = assert_fires(api.verify(str(hf_sharded)), "CKD120", path_contains=shard.name)
+    assert "truncated" in hits[0].message
+
+
+@pytest.mark.parametrize("corrupt, words", [
+    (lambda b: struct.pack("<Q", 1 << 40) + b[8:], "exceeds"),
+    (lambda b: struct.pack("<Q", len(b)) + b[8:], "runs past the end"),
+    (lambda b: b[:8] + b"\xff" + b[9:], "UTF-8"),
+    (lambda b: b + b"junk", "trailing bytes"),
+    (lambda b: b[:8] + b[8:].replace(b'"F32"', b'"F16"', 1), "needs"),
+])
+def test_header_rules(tmp_path, corrupt, words):
+    from safetensors.torch import save_file
+    d = tmp_path / "single"
+    d.mkdir()
+    save_file(sd(2), str(d / "model.safetensors"))
+    p = d / "model.safetensors"
+    p.write_bytes(corrupt(p.read_bytes()))
+    hits = assert_fires(api.verify(str(d)), "CKD120")
+    assert words in hits[0].message, hits[0].message
+
+
+def test_index_cross_check(hf_sharded):
+    idx = json.loads((hf_sharded / "model.safetensors.index.json").read_text())
+    shards = sorted(set(idx["weight_map"].values()))
+    os.remove(hf_sharded / shards[-1])
+    rep = api.verify(str(hf_sharded))
+    hits = assert_fires(rep, "CKD121", path_contains=shards[-1])
+    assert "missing" in hits[0].message
+
+
+def test_index_maps_tensor_to_wrong_shard(hf_sharded):
+    p = hf_sharded / "model.safetensors.index.json"
+    idx = json.loads(p.read_text())
+    t = sorted(idx["weight_map"])[0]
+    other = next(s for s in sorted(set(idx["weight_map"].values())) if s != idx["weight_map"][t])
+    idx["weight_map"][t] = other
+    p.write_text(json.dumps(idx))
+    msgs = " ".join(h.message for h in assert_fires(api.verify(str(hf_sharded)), "CKD121"))
+    assert "not in its header" in msgs and "different shard" in msgs
+
+
+# ---- HF Trainer ------------------------------------------------------------------------------------
+def trainer_ckpt(d, step, optimizer=True):
+    from safetensors.torch import save_file
+    d.mkdir(parents=True)
+    save_file(sd(2, step), str(d / "model.safetensors"))
+    if optimizer:
+        torch.save({"state": {}, "param_groups": [{"lr": 1e-4}]}, d / "optimizer.pt")
+        torch.save({"last_epoch": step}, d / "scheduler.pt")
+    torch.save({"python": 1, "cpu": torch.get_rng_state()}, d / "rng_state.pth")
+    (d / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": []}))
+
+
+def test_hf_trainer_run(tmp_path):
+    run = tmp_path / "out"
+    for s in (500, 1000):
+        trainer_ckpt(run / f"checkpoint-{s}", s)
+    rep = api.verify(str(run))
+    assert rep.facts["layout"] == "hf-trainer-run" and rep.facts["resume_from"] == "checkpoint-1000"
+    assert_no_errors(rep)
+    trainer_ckpt(run / "tmp-checkpoint-1500", 1500)             # staging, died
+    trainer_ckpt(run / "checkpoint-2000", 2000, optimizer=False)
+    os.remove(run / "checkpoint-2000" / "trainer_state.json")  # killed before the last write
+    rep = api.verify(str(run))
+    assert_fires(rep, "CKD124", path_contains="tmp-checkpoint-1500", severity="warning")
+    assert_fires(rep, "CKD123", path_contains="checkpoint-2000/trainer_state.json")
+    assert_fires(rep, "CKD101", path_contains="checkpoint-2000")
+    assert rep.facts["resume_from"] == "checkpoint-2000" and rep.facts["newest_complete"] == "checkpoint-1000"
+
+
+# ---- DeepSpeed -------------------------------------------------------------------------------------
+def ds_tag(d, dp=4, mp=1, step=3):
+    d.mkdir(parents=True)
+    for m in range(mp):
+        torch.save({"module": sd(1), "global_steps": step, "dp_world_size": dp, "mp_world_size": mp},
+                   d / f"mp_rank_{m:02d}_model_states.pt")
+        for r in range(dp):
+            torch.save({"optimizer_state_dict": {"zero_stage": 2, "partition_count": [dp]}},
+                       d / f"bf16_zero_pp_rank_{r}_mp_rank_{m:02d}_optim_states.pt")
+
+
+def test_deepspeed_rank_grid(tmp_path):
+    run = tmp_path / "ds"
+    ds_tag(run / "global_step3", dp=4, mp=2)
+    (run / "latest").write_text("global_step3")
+    rep = api.verify(str(run))
+    assert rep.facts["layout"] == "deepspeed-run" and rep.facts["resume_from"] == "global_step3"
+    assert_no_errors(rep)
+    os.remove(run / "global_step3" / "bf16_zero_pp_rank_2_mp_rank_01_optim_states.pt")
+    open(run / "global_step3" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt", "w").close()
+    rep = api.verify(str(run))
+    msgs = [h.message for h in assert_fires(rep, "CKD122")]
+    assert any("model-parallel rank 1" in m and "rank(s) 2 missing" in m for m in msgs)
+    assert any("empty" in m for m in msgs)
+    assert rep.facts["newest_complete"] is None
+    (run / "latest").write_text("global_step9")
+    assert_fires(api.verify(str(run)), "CKD113")
+
+
+# ---- verl --------------------------------------------------------------------------------------------
+def verl_step(d, step, world=2):
+    for comp in ("actor", "critic"):
+        (d / comp).mkdir(parents=True)
+        for r in range(world):
+            for kind in ("model", "optim", "extra_state"):
+                torch.save({"rank": r}, d / comp / f"{kind}_world_size_{world}_rank_{r}.pt")
+        (d / comp / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": world}))
+    torch.save({"_num_yielded": step, "_iterator_finished": False}, d / "data.pt")
+
+
+def test_verl_run(tmp_path):
+    run = tmp_path / "verl"
+    for s in (20, 40):
+        verl_step(run / f"global_step_{s}", s)
+    (run / "latest_checkpointed_iteration.txt").write_text("40")
+    rep = api.verify(str(run))
+    assert rep.facts["layout"] == "verl-run" and rep.facts["resume_from"] == "global_step_40"
+    assert_no_errors(rep)
+    os.remove(run / "global_step_40" / "data.pt")
+    os.remove(run / "global_step_40" / "actor" / "optim_world_size_2_rank_1.pt")
+    shutil.rmtree(run / "global_step_20" / "actor")  # rotation leaves global_step_20 with critic + data.pt
+    rep = api.verify(str(run))
+    assert_fires(rep, "CKD123", path_contains="global_step_40/data.pt")
+    hits = assert_fires(rep, "CKD122", path_contains="global_step_40/actor")
+    assert hits[0].details["missing_ranks"] == [1] and hits[0].details["kind"] == "optim"
+
+
+# ---- NeMo-RL -------------------------------------------------------------------------------------------
+def test_nemo_rl_run_and_staging(tmp_path):
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "fixtures"))
+    import nemo_rl_ckpt
+    root = tmp_path / "ckpts"
+    for s in (6, 7):
+        nemo_rl_ckpt.write_step(root, step=s, cursor=s - 1, batches=s, targets=(s,) * 4)
+    nemo_rl_ckpt.write_step(root, step=8, cursor=7, batches=8, targets=(8,) * 4, name="tmp_step_8")
+    rep = api.verify(str(root))
+    assert rep.facts["layout"] == "nemo-rl-run" and rep.facts["resume_from"] == "step_7"
+    assert_fires(rep, "CKD124", path_contains="tmp_step_8", severity="warning")
+    os.remove(root / "step_7" / "train_dataloader.pt")
+    assert_fires(api.verify(str(root)), "CKD123", path_contains="step_7/train_dataloader.pt")
+
+
+# ---- Orbax ----------------------------------------------------------------------------------------------
+def orbax_step(d, committed=True):
+    (d / "state").mkdir(parents=True)
+    (d / "state" / "_METADATA").write_text("{}")
+    (d / "_CHECKPOINT_METADATA").write_text(json.dumps({"item_handlers": {}, "commit_timestamp_nsecs": 1}))
+    if committed:
+        (d / "commit_success.txt").write_text(f"Checkpoint commit was successful to {d}")
+
+
+def test_orbax_root(tmp_path):
+    root = tmp_path / "orbax"
+    for s in (20, 30):
+        orbax_step(root / str(s))
+    rep = api.verify(str(root))
+    assert rep.facts["layout"] == "orbax-run" and rep.facts["resume_from"] == "30"
+    assert_no_errors(rep)
+    orbax_step(root / "40.orbax-checkpoint-tmp", committed=False)
+    (root / "50").mkdir()  # Orbax itself would pick this empty step as latest
+    rep = api.verify(str(root))
+    assert_fires(rep, "CKD124", path_contains="40.orbax-checkpoint-tmp")
+    assert_fires(rep, "CKD101", path_contains="/50")
+    assert rep.facts["newest_complete"] == "30"
+
+
+# ---- object stores: more than 1,000 objects ----------------------------------------------------------
+def test_s3_listing_over_1000_objects(tmp_path, monkeypatch):
+    moto_server = pytest.importorskip("moto.server")
+    import fsspec
+    import uuid
+    from ckptdoctor.layouts import dcp_writer as W
+    n = 1040
+    d = tmp_path / "big"
+    W.write(str(d), [W.Item("w", (n, 1), (r, 0), (1, 1), [1.0], rank=r) for r in range(n)])
+    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    srv.start()
+    try:
+        host, port = srv.get_host_and_port()
+        url = f"http://{host}:{port}"
+        for k, v in {"FSSPEC_S3_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
+                     "AWS_DEFAULT_REGION": "us-east-1"}.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": url})  # read at import otherwise
+        fs = fsspec.filesystem("s3", endpoint_url=url, skip_instance_cache=True)
+        bucket = f"big-{uuid.uuid4().hex[:8]}"
+        fs.mkdir(bucket)
+        fs.pipe({f"{bucket}/ckpt/{f}": (d / f).read_bytes() for f in os.listdir(d)})
+        rep = api.verify(f"s3://{bucket}/ckpt")
+        assert rep.facts["layout"] == "dcp"
+        assert_no_errors(rep)
+        fs.rm(f"{bucket}/ckpt/__1037_0.distcp")
+        fs.invalidate_cache()
+        assert_fires(api.verify(f"s3://{bucket}/ckpt"), "CKD103", path_contains="__1037_0.distcp")
+    finally:
+        srv.stop()
+
+
+@needs_torch
+def test_families_need_no_torch_to_verify(tmp_path):
+    import subprocess
+    import sys
+    run = tmp_path / "verl"
+    verl_step(run / "global_step_20", 20)
+    (run / "latest_checkpointed_iteration.txt").write_text("20")
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from ckptdoctor.cli import main; main(['verify', sys.argv[1]])")
+    p = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
