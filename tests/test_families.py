@@ -41,7 +41,8 @@ def test_hf_sharded_healthy(hf_sharded):
 def test_truncated_shard_caught_from_header(hf_sharded):
     shard = sorted(hf_sharded.glob("model-*.safetensors"))[1]
     os.truncate(shard, shard.stat().st_size - 100)
-    hits = assert_fires(api.verify(str(hf_sharded)), "CKD120", path_contains=shard.name)
+    rep = api.verify(str(hf_sharded))
+    hits = assert_fires(rep, "CKD120", path_contains=shard.name)
     assert "truncated" in hits[0].message
 
 
@@ -59,7 +60,8 @@ def test_header_rules(tmp_path, corrupt, words):
     save_file(sd(2), str(d / "model.safetensors"))
     p = d / "model.safetensors"
     p.write_bytes(corrupt(p.read_bytes()))
-    hits = assert_fires(api.verify(str(d)), "CKD120")
+    rep = api.verify(str(d))
+    hits = assert_fires(rep, "CKD120")
     assert words in hits[0].message, hits[0].message
 
 
