@@ -94,7 +94,15 @@ def slice_corrupt(ck, eng):
         if e is None:
             continue
         bad = []
-        fd = os.open(ck.storage.abspath(ck.relpath(rel)), os.O_RDONLY)
+        try:
+            fd = os.open(ck.storage.abspath(ck.relpath(rel)), os.O_RDONLY)
+        except OSError as exc:  # listed a moment ago, gone or unreadable now
+            eng.emit("CKD901", Hit(ck.path(rel), f"cannot read {rel}: {exc.strerror or exc} (it was listed "
+                                   f"a moment earlier: changed while being verified?)",
+                                   details={"file": rel, "errno": exc.errno},
+                                   hint="something is writing or deleting this checkpoint; verify it again "
+                                        "once it is quiet"))
+            continue
         try:
             for s in recs:
                 if s.file_offset + s.length > e.size:

@@ -72,3 +72,40 @@ def pt_archive_corrupt(ck, eng):
         if why:
             yield Hit(ck.path(name), f"{name}: {why}", details={"file": name},
                       hint="the file was truncated or overwritten; torch.load would fail on resume")
+
+
+@check("CKD125", "checkpoint")
+def symlink_suspect(ck, eng):
+    """Symlinks inside a checkpoint: loops and dangling links are unreadable files; links that
+    leave the checkpoint make its content depend on something a copy or publish does not carry."""
+    import errno
+    import os
+    if not getattr(ck.storage, "local", False):
+        return
+    base = os.path.realpath(ck.storage.abspath(ck.rel))
+    for name, e in sorted(ck.entries.items()):
+        if not e.is_link:
+            continue
+        p = ck.storage.abspath(ck.relpath(name))
+        try:
+            os.stat(p)
+        except OSError as exc:
+            what = "a symlink loop" if exc.errno == errno.ELOOP else "a dangling symlink"
+            yield Hit(ck.path(name), f"{name} is {what}: the file cannot be read",
+                      details={"file": name, "target": _readlink(p)},
+                      hint="replace it with the real file")
+            continue
+        real = os.path.realpath(p)
+        if os.path.commonpath([base, real]) != base:
+            yield Hit(ck.path(name), f"{name} is a symlink to {real}, outside the checkpoint", severity="warning",
+                      details={"file": name, "target": real},
+                      hint="copies, publish and object-store uploads do not carry it; the content can change "
+                           "under the checkpoint")
+
+
+def _readlink(p):
+    import os
+    try:
+        return os.readlink(p)
+    except OSError:
+        return None

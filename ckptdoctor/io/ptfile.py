@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import io
 import pickle
+import struct
 import zipfile
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from .unpickle import DTYPES, Bag, DType, RefusedGlobal, bag_class
+from .unpickle import DTYPES, Bag, DType, RefusedGlobal, bag_class, memory_budget, pickle_budget
 
 MAX_PICKLE_BYTES = 256 << 20   # a run-state `.pt` pickle is KBs to MBs; refuse absurd ones
 MAX_MEMBERS = 100_000
@@ -128,7 +130,8 @@ class PtUnpickler(pickle.Unpickler):
 
 
 def loads(data: bytes) -> Any:
-    return PtUnpickler(io.BytesIO(data)).load()
+    with memory_budget(pickle_budget(len(data))):
+        return PtUnpickler(io.BytesIO(data)).load()
 
 
 def read_pt(fh) -> Any:
@@ -154,8 +157,9 @@ def read_pt(fh) -> Any:
                 data = m.read(MAX_PICKLE_BYTES + 1)
     except zipfile.BadZipFile as exc:
         raise PtError(f"not a readable zip ({exc})") from None
-    except (OSError, EOFError, NotImplementedError) as exc:
-        raise PtError(f"unreadable zip ({type(exc).__name__}: {exc})") from None
+    except (OSError, EOFError, NotImplementedError, ValueError, OverflowError, struct.error,
+            zlib.error, RuntimeError) as exc:  # zipfile trusts the central directory's numbers
+        raise PtError(f"unreadable zip ({type(exc).__name__}: {str(exc)[:80]})") from None
     try:
         return loads(data)
     except RefusedGlobal:

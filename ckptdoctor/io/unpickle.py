@@ -7,6 +7,7 @@ a hostile `.metadata` or `.pt` becomes a finding instead of running `os.system`.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import pickle
 from typing import Any
@@ -135,5 +136,46 @@ class RestrictedUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError("persistent ids are not allowed here")
 
 
+class PickleTooBig(pickle.UnpicklingError):
+    """The pickle asked for far more memory than its size can justify (e.g. a forged memo index)."""
+
+
+@contextlib.contextmanager
+def memory_budget(nbytes: int):
+    """Cap the address space this process may add while a pickle loads (RLIMIT_AS, restored after).
+
+    The C unpickler sizes its memo table from indices in the data: one flipped bit in a
+    LONG_BINPUT argument asks for gigabytes from a 1 KB file.  Opcodes cannot be screened at C
+    speed, so the kernel enforces the bound instead and the allocation fails as MemoryError.
+    Single-threaded callers only (the limit is process-wide for its short duration)."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        with open("/proc/self/statm") as fh:
+            vm = int(fh.read().split()[0]) * resource.getpagesize()
+    except (ImportError, OSError, ValueError):
+        yield
+        return
+    cap = vm + nbytes
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    if soft != resource.RLIM_INFINITY and soft <= cap:
+        yield
+        return
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    except MemoryError:
+        raise PickleTooBig(f"needs more than {nbytes >> 20} MiB to unpickle") from None
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def pickle_budget(size: int) -> int:
+    """Generous for real DCP metadata (objects take ~8x the pickle), tiny for a forged one."""
+    return 16 * size + (256 << 20)
+
+
 def loads_dcp(data: bytes) -> Any:
-    return RestrictedUnpickler(io.BytesIO(data)).load()
+    with memory_budget(pickle_budget(len(data))):
+        return RestrictedUnpickler(io.BytesIO(data)).load()

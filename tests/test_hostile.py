@@ -1,0 +1,317 @@
+"""Hostile and broken inputs: every parser fuzzed, pickles that try to run code, read-only
+guarantees, and path oddities.  The only acceptable outcomes are a finding or a one-line error.
+
+Fuzzing uses hypothesis with a bounded example count; `CKPTDOCTOR_FUZZ=1` (or --fuzz) runs the
+long profile locally."""
+import hashlib
+import io
+import json
+import os
+import pickle
+import shutil
+import struct
+import subprocess
+import sys
+import zipfile
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from ckptdoctor import api
+from ckptdoctor.io import ptfile
+from ckptdoctor.io.unpickle import RefusedGlobal
+from ckptdoctor.layouts import dcp, dcp_writer as W, manifest as mf, safetensors as stf, trackers
+from ckptdoctor.runstate import pathexpr
+from ckptdoctor.runstate.schema import normalize
+from ckptdoctor.slurm.hostlist import HostlistError, expand
+from ckptdoctor.engine.errors import InputError
+from helpers import as_unprivileged, assert_fires, cli
+
+settings.register_profile("ci", max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("fuzz", max_examples=20000, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("fuzz" if os.environ.get("CKPTDOCTOR_FUZZ") else "ci")
+
+
+def _mutations(seed: bytes):
+    """Truncations, bit flips, byte overwrites and random junk around a valid seed."""
+    n = len(seed)
+    return st.one_of(
+        st.integers(0, n).map(lambda k: seed[:k]),
+        st.tuples(st.integers(0, max(0, n - 1)), st.integers(0, 7)).map(
+            lambda t: seed[:t[0]] + bytes([seed[t[0]] ^ (1 << t[1])]) + seed[t[0] + 1:] if n else seed),
+        st.tuples(st.integers(0, n), st.binary(max_size=16)).map(lambda t: seed[:t[0]] + t[1] + seed[t[0]:]),
+        st.binary(max_size=512),
+    )
+
+
+# ---- DCP .metadata -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def metadata_seed(tmp_path_factory):
+    d = tmp_path_factory.mktemp("seed")
+    W.write(str(d), [W.Item("w", (4, 4), (r * 2, 0), (2, 4), [1.0] * 8, rank=r) for r in range(2)])
+    return (d / ".metadata").read_bytes()
+
+
+def test_fuzz_dcp_metadata(metadata_seed):
+    @given(_mutations(metadata_seed))
+    def run(data):
+        try:
+            dcp.parse(data)
+        except (dcp.MetadataError, RefusedGlobal):
+            pass
+    run()
+
+
+# ---- safetensors headers and index ------------------------------------------------------------------
+def _st_file():
+    header = json.dumps({"__metadata__": {"format": "pt"},
+                         "a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+                         "b": {"dtype": "BF16", "shape": [4], "data_offsets": [16, 24]}}).encode()
+    return struct.pack("<Q", len(header)) + header + bytes(24)
+
+
+def test_fuzz_safetensors_header():
+    seed = _st_file()
+
+    @given(_mutations(seed))
+    def run(data):
+        try:
+            stf.read_header(io.BytesIO(data), len(data))
+        except stf.HeaderError:
+            pass
+    run()
+
+
+def test_absurd_header_length_is_a_finding_not_an_allocation(tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(struct.pack("<Q", 1 << 40) + b"{}")
+    rep = api.verify(str(d))
+    assert_fires(rep, "CKD120")
+
+
+def test_fuzz_index_and_manifest_and_tracker():
+    @given(st.binary(max_size=300) | st.text(max_size=200).map(str.encode))
+    def run(data):
+        for fn, errs in ((stf.parse_index, (stf.HeaderError,)),
+                         (lambda b: mf.parse(b, mf.NAME), (mf.ManifestError,)),
+                         (lambda b: mf.parse(b, mf.INTEGRITY), (mf.ManifestError,))):
+            try:
+                fn(data)
+            except errs:
+                pass
+        for kind in ("int", "int-or-release", "tag", "json:step"):
+            v = trackers.parse({"parse": kind}, data, lambda s: f"iter_{s}")
+            assert v.target is None or isinstance(v.target, str)
+    run()
+
+
+# ---- .pt archives (torch-free reader) -----------------------------------------------------------------
+def _pt(obj_pickle: bytes, extra=None) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("archive/data.pkl", obj_pickle)
+        zf.writestr("archive/version", "3\n")
+        for k, v in (extra or {}).items():
+            zf.writestr(k, v)
+    return buf.getvalue()
+
+
+def test_fuzz_pt_reader():
+    seed = _pt(pickle.dumps({"_num_yielded": 3, "groups": [{"target_step": 7}]}, protocol=2))
+
+    @given(_mutations(seed))
+    def run(data):
+        try:
+            ptfile.read_pt(io.BytesIO(data))
+        except (ptfile.PtError, RefusedGlobal):
+            pass
+    run()
+
+
+def test_fuzz_pickle_streams_never_resolve_dangerous_globals():
+    """Random opcode soup through both restricted unpicklers: errors only, never a call out."""
+    from ckptdoctor.io.unpickle import loads_dcp
+
+    @given(st.binary(max_size=200).map(lambda b: b"\x80\x04" + b))
+    def run(data):
+        for fn in (loads_dcp, ptfile.loads):
+            try:
+                fn(data)
+            except Exception as exc:  # noqa: BLE001 - the point: nothing escapes as a side effect
+                assert not isinstance(exc, (SystemExit, KeyboardInterrupt))
+    run()
+
+
+# ---- run-state files, path expressions, hostlists --------------------------------------------------------
+def test_fuzz_run_state_and_paths_and_hostlists():
+    json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                               lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3),
+                               max_leaves=12)
+
+    @given(st.dictionaries(st.sampled_from(["schema", "config", "trainer", "sampler", "dataloader", "buffer",
+                                            "inflight", "reserve", "capture", "provenance", "x"]),
+                           json_values, max_size=6), st.text(max_size=40), st.text(max_size=40))
+    def run(doc, expr, hl):
+        doc.setdefault("schema", "ckptdoctor.run_state/v1")
+        try:
+            normalize(doc, "state.json")
+        except InputError as exc:
+            assert "state.json" in str(exc)
+        try:
+            pathexpr.evaluate({"a": {"b": [1, 2]}}, expr)
+        except pathexpr.PathError:
+            pass
+        try:
+            hosts = expand(hl)
+            assert len(hosts) <= 100_000
+        except HostlistError:
+            pass
+    run()
+
+
+# ---- pickles that try to run code --------------------------------------------------------------------------
+class _Reduce:
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return (self.fn, self.args)
+
+
+def _evil_pickles(marker):
+    cmd = f"touch {marker}"
+    return {
+        "os.system": pickle.dumps(_Reduce(os.system, cmd), protocol=2),
+        "subprocess.Popen": pickle.dumps(_Reduce(subprocess.Popen, ["touch", str(marker)]), protocol=2),
+        "builtins.eval": pickle.dumps(_Reduce(eval, f"__import__('os').system({cmd!r})"), protocol=2),
+        "builtins.exec": pickle.dumps(_Reduce(exec, f"open({str(marker)!r}, 'w')"), protocol=2),
+        "builtins.getattr": b"\x80\x02cbuiltins\ngetattr\ncos\nsystem\n\x86R" + pickle.dumps(cmd, 2)[2:-1] + b"\x85R.",
+        "torch.load": b"\x80\x02ctorch\nload\nX\x03\x00\x00\x00/x/\x85R.",
+        "posix.system": b"\x80\x02cposix\nsystem\nX" + struct.pack("<I", len(cmd)) + cmd.encode() + b"\x85R.",
+    }
+
+
+@pytest.mark.parametrize("name", list(_evil_pickles("/x").keys()))
+def test_evil_metadata_is_refused_and_runs_nothing(tmp_path, name):
+    marker = tmp_path / "pwned"
+    ck = tmp_path / "ck"
+    W.write(str(ck), [W.Item("w", (2, 2), (0, 0), (2, 2), [1.0] * 4)])
+    (ck / ".metadata").write_bytes(_evil_pickles(marker)[name])
+    rep = api.verify(str(ck))
+    hits = assert_fires(rep, "CKD110")
+    assert "refused" in hits[0].message or "not a readable pickle" in hits[0].message
+    glob = name.split(".")[-1]
+    assert any(glob in h.message for h in hits) or "not a readable" in hits[0].message
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("name", list(_evil_pickles("/x").keys()))
+def test_evil_pt_is_refused_and_runs_nothing(tmp_path, name):
+    marker = tmp_path / "pwned"
+    data = _pt(_evil_pickles(marker)[name])
+    with pytest.raises((RefusedGlobal, ptfile.PtError)) as ei:
+        ptfile.read_pt(io.BytesIO(data))
+    if isinstance(ei.value, RefusedGlobal):
+        assert name.split(".")[-1] in ei.value.qualname or ei.value.module in ("builtins", "os", "posix",
+                                                                              "subprocess", "torch")
+    assert not marker.exists()
+
+
+def test_nested_zip_member_is_not_followed(tmp_path):
+    inner = _pt(pickle.dumps({"x": 1}, 2))
+    outer = _pt(pickle.dumps({"_num_yielded": 2}, 2), extra={"archive/data/0": inner,
+                                                             "archive/nested.pt": inner})
+    assert ptfile.read_pt(io.BytesIO(outer)) == {"_num_yielded": 2}
+
+
+# ---- read-only guarantee -----------------------------------------------------------------------------------
+def _snapshot(root):
+    out = {}
+    for dp, dn, fn in os.walk(root):
+        for n in sorted(dn + fn):
+            p = os.path.join(dp, n)
+            s = os.lstat(p)
+            digest = hashlib.sha256(open(p, "rb").read()).hexdigest() if os.path.isfile(p) else None
+            out[p] = (s.st_size, s.st_mtime_ns, s.st_mode, digest)
+    return out
+
+
+def test_inspections_on_a_read_only_tree_change_nothing(real, tmp_path):
+    run = real("megatron_run")
+    os.truncate(next((run / "iter_0000200").glob("__0_*.distcp")), 9)  # something to report
+    (run / "iter_0000100" / "ckptdoctor.manifest.json").write_text("{}")
+    before = _snapshot(run)
+    subprocess.run(["chmod", "-R", "a-w", str(run)], check=True)
+    try:
+        for args in (["verify", str(run)], ["verify", "--checksums", str(run)],
+                     ["preflight", str(run), "--nodelist", "n[1-2]", "--ranks-per-node", "2"],
+                     ["reconcile", str(run / "iter_0000100")]):
+            p = subprocess.run(as_unprivileged() + [sys.executable, "-m", "ckptdoctor", *args],
+                               capture_output=True, text=True, timeout=120)
+            assert p.returncode in (0, 1, 2) and "Traceback" not in p.stderr, (args, p.stderr)
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(run)], check=True)
+    after = _snapshot(run)
+    for p, v in before.items():
+        assert after[p][0::3] == v[0::3] and after[p][1] == v[1], p  # size, digest, mtime
+    assert set(after) == set(before)
+
+
+# ---- paths ---------------------------------------------------------------------------------------------------
+def test_symlinks_loops_odd_names_and_unreadable_dirs(real, tmp_path):
+    run = real("megatron_run")
+    ck = run / "iter_0000200"
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"x" * 10)
+    os.symlink(outside, ck / "extra.bin")
+    os.symlink(ck / "loop_a", ck / "loop_b")
+    os.symlink(ck / "loop_b", ck / "loop_a")
+    os.symlink(tmp_path / "gone", ck / "dangling.bin")
+    (ck / "name with spaces.txt").write_text("hi")
+    with open(os.path.join(os.fsencode(ck), b"bad\xffname.bin"), "wb") as fh:
+        fh.write(b"x")
+    for fmt in ("text", "json", "sarif"):
+        rc, out, err = cli("verify", "--format", fmt, str(run))
+        assert rc in (0, 1) and "Traceback" not in err, err
+    rep = api.verify(str(run))
+    hits = assert_fires(rep, "CKD125")
+    msgs = " ".join(h.message for h in hits)
+    assert "outside" in msgs and "loop" in msgs and "dangling" in msgs
+
+
+def test_a_shard_disappearing_while_read(real):
+    """List the checkpoint, then the shard vanishes before its bytes are read: a finding."""
+    from ckptdoctor.commands import verify as flow
+    from ckptdoctor.io.fs import open_location
+    ck_dir = real("megatron_run") / "iter_0000200"
+    kind, ck = flow.build(open_location(str(ck_dir)), None)
+    ck.entries  # the listing happens now ...
+    gone = next(ck_dir.glob("__0_*.distcp"))
+    gone.unlink()  # ... and the file disappears before the checks read it
+    eng = api.make_engine("verify", str(ck_dir))
+    flow.check_checkpoint(eng, ck)
+    rules = {f.rule for f in eng.report.findings}
+    assert "CKD900" not in rules, [(f.rule, f.message) for f in eng.report.findings]
+    hits = assert_fires(eng.report, "CKD901", path_contains=gone.name)
+    assert "listed" in hits[0].message
+
+
+def test_forged_memo_index_is_refused_fast_and_the_limit_is_restored(metadata_seed, tmp_path):
+    """Found by the fuzzer: one flipped bit in a LONG_BINPUT index made the C unpickler allocate
+    and zero gigabytes for a 1 KB file.  Now an address-space budget turns that into a finding."""
+    import resource
+    import time
+    i = metadata_seed.index(b"r\x04\x00\x00\x00")  # a LONG_BINPUT with index 4
+    forged = metadata_seed[:i + 4] + b"\x10" + metadata_seed[i + 5:]  # index 0x10000004
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    t = time.perf_counter()
+    with pytest.raises(dcp.MetadataError, match="needs more than"):
+        dcp.parse(forged)
+    assert time.perf_counter() - t < 1.0
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
+    ck = tmp_path / "ck"
+    W.write(str(ck), [W.Item("w", (4, 4), (r * 2, 0), (2, 4), [1.0] * 8, rank=r) for r in range(2)])
+    (ck / ".metadata").write_bytes(forged)
+    rep = api.verify(str(ck))
+    assert_fires(rep, "CKD110")
