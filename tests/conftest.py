@@ -45,3 +45,13 @@ def real(fixture_root, tmp_path):
         shutil.copytree(fixture_root / name, dst, copy_function=shutil.copy2)
         return dst
     return copy
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fuzz", action="store_true", default=False,
+                     help="run the hypothesis fuzzers with the long profile (20,000 examples each)")
+
+
+def pytest_configure(config):
+    if config.getoption("--fuzz"):
+        os.environ["CKPTDOCTOR_FUZZ"] = "1"
