@@ -183,8 +183,13 @@ def test_nemo_rl_run_and_staging(tmp_path):
     rep = api.verify(str(root))
     assert rep.facts["layout"] == "nemo-rl-run" and rep.facts["resume_from"] == "step_7"
     assert_fires(rep, "CKD124", path_contains="tmp_step_8", severity="warning")
+    (root / "latest_checkpoint_status.json").write_text(json.dumps({"last_checkpoint_step": 8}))
+    rep = api.verify(str(root))
+    hits = assert_fires(rep, "CKD113", severity="warning")
+    assert "step_8" in hits[0].message and rep.facts["resume_from"] == "step_7"
     os.remove(root / "step_7" / "train_dataloader.pt")
-    assert_fires(api.verify(str(root)), "CKD123", path_contains="step_7/train_dataloader.pt")
+    rep = api.verify(str(root))
+    assert_fires(rep, "CKD123", path_contains="step_7/train_dataloader.pt")
 
 
 # ---- Orbax ----------------------------------------------------------------------------------------------

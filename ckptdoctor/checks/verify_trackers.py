@@ -8,7 +8,7 @@ from ..engine.registry import check
 @check("CKD111", "run")
 def tracker_missing(run, eng):
     spec, e, val = run.tracker
-    if not spec or e is not None:
+    if not spec or e is not None or spec.get("monitoring"):
         return
     done = run.newest_complete()
     if done:
@@ -25,6 +25,7 @@ def tracker_unparsable(run, eng):
     spec, e, val = run.tracker
     if val is not None and val.problem:
         yield Hit(run.storage.show(spec["file"]), f"{spec['file']}: {val.problem}",
+                  severity="warning" if spec.get("monitoring") else None,
                   details={"tracker": spec["file"], "content": val.raw[:80]},
                   hint=spec.get("unparsable_hint", "the framework cannot read it (Megatron even exits 0); "
                                                    "rewrite it to name a complete checkpoint"))
@@ -38,6 +39,14 @@ def tracker_dangling(run, eng):
     names = {c.name: c for c in run.checkpoints}
     done = run.newest_complete()
     instead = f"; newest complete checkpoint is {done.name}" if done else "; no complete checkpoint exists"
+    if spec.get("monitoring"):  # a status file the framework does not resume from
+        if val.target not in names:
+            yield Hit(run.storage.show(spec["file"]), f"{spec['file']} names {val.target}, which does not exist "
+                      f"(it is written before the background rename finishes); the framework resumes from "
+                      f"{run.resume_target or 'nothing'}", severity="warning",
+                      details={"tracker": spec["file"], "target": val.target, "monitoring": True},
+                      hint="do not trust the status file for the resume step; check the save that died")
+        return
     if val.target not in names:
         yield Hit(run.storage.show(spec["file"]), f"tracker names {val.target}, which does not exist"
                                                   + instead,
@@ -56,7 +65,7 @@ def tracker_dangling(run, eng):
 @check("CKD114", "run")
 def tracker_behind(run, eng):
     spec, e, val = run.tracker
-    if val is None or val.problem or val.target is None:
+    if val is None or val.problem or val.target is None or spec.get("monitoring"):
         return
     by_name = {c.name: c for c in run.checkpoints}
     cur = by_name.get(val.target)
