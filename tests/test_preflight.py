@@ -249,3 +249,45 @@ def test_preflight_is_read_only(four):
     pre(loc, "--nodelist", "n[1-3]", "--ranks-per-node", "2")
     assert {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")} == before
     assert isinstance(Report, type)
+
+
+def test_megatron_legacy_grid_node_local(fixture_root, tmp_path):
+    """TP=2 x PP=2 legacy checkpoint, 8 ranks on 2 nodes (DP=2): rank r reads
+    mp_rank_{r % 2:02d}_{r // 4:03d}; each node holds only its pipeline stage's directories."""
+    src = fixture_root / "megatron_legacy"
+    for i, n in enumerate(("m1", "m2")):
+        for it in ("iter_0000010", "iter_0000020"):
+            for d in (src / it).iterdir():
+                if d.name.endswith(f"_{i:03d}"):
+                    shutil.copytree(d, tmp_path / n / "run" / it / d.name)
+        shutil.copy2(src / TRACKER, tmp_path / n / "run" / TRACKER)
+    loc = tmp_path / "{node}" / "run"
+    rc, rep, err = pre(loc, "--nodelist", "m[1-2]", "--ranks-per-node", "4")
+    assert rc == 0 and rep["facts"]["newest_reachable"] == "iter_0000020", rep["findings"]
+    shutil.rmtree(tmp_path / "m2" / "run" / "iter_0000020" / "mp_rank_01_001")
+    rc, rep, err = pre(loc, "--nodelist", "m[1-2]", "--ranks-per-node", "4")
+    hits = assert_fires_json(rep, "CKD401", path_contains="m2/run/iter_0000020/mp_rank_01_001")
+    assert hits[0]["details"]["ranks"] == [5, 7]
+    assert rep["facts"]["newest_reachable"] == "iter_0000010"
+    rc, rep, err = pre(loc, "--nodelist", "m[1-2]", "--ranks-per-node", "3")
+    assert_fires_json(rep, "CKD408")  # 6 ranks do not fill a TP 2 x PP 2 grid
+
+
+def test_deepspeed_node_local(tmp_path):
+    torch = pytest.importorskip("torch")
+    for i, n in enumerate(("d1", "d2")):
+        tag = tmp_path / n / "ds" / "global_step3"
+        tag.mkdir(parents=True)
+        torch.save({"module": {}}, tag / "mp_rank_00_model_states.pt")
+        for r in (2 * i, 2 * i + 1):
+            torch.save({"optimizer_state_dict": {"partition_count": [4]}},
+                       tag / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt")
+        (tmp_path / n / "ds" / "latest").write_text("global_step3")
+    loc = tmp_path / "{node}" / "ds"
+    rc, rep, err = pre(loc, "--nodelist", "d[1-2]", "--ranks-per-node", "2")
+    assert rc == 0 and rep["facts"]["resume_from"] == "global_step3", rep["findings"]
+    os.remove(tmp_path / "d2" / "ds" / "global_step3" / "zero_pp_rank_3_mp_rank_00_optim_states.pt")
+    os.remove(tmp_path / "d1" / "ds" / "global_step3" / "mp_rank_00_model_states.pt")
+    rc, rep, err = pre(loc, "--nodelist", "d[1-2]", "--ranks-per-node", "2")
+    assert assert_fires_json(rep, "CKD401")[0]["details"]["ranks"] == [3]
+    assert_fires_json(rep, "CKD403", path_contains="d1/ds/global_step3/mp_rank_00_model_states.pt")

@@ -367,3 +367,31 @@ def test_save_and_publish_real_torch_state_dict(tmp_path):
     dcp.load(out, checkpoint_id=str(tmp_path / "run" / "step-10"))
     assert torch.equal(out["w"], sd["w"]) and torch.equal(out["b"], sd["b"])
     assert api.verify(str(tmp_path / "run"), checksums=True).failed() is False
+
+
+def test_save_and_publish_safetensors(tmp_path):
+    torch = pytest.importorskip("torch")
+    sd = {"w": torch.arange(6.0).reshape(2, 3)}
+    res = ckptdoctor.save_and_publish(sd, str(tmp_path / "run"), "export-v5", format="safetensors")
+    assert res.status == "published"
+    from safetensors.torch import load_file
+    assert torch.equal(load_file(str(tmp_path / "run" / "export-v5" / "model.safetensors"))["w"], sd["w"])
+    rep = api.verify(str(tmp_path / "run" / "export-v5"), checksums=True)
+    assert rep.facts["layout"] == "hf-safetensors" and not rep.failed()
+
+
+def test_s3_retention_uncommits_before_deleting(tmp_path, s3):
+    env, fs, bucket = s3
+    src = tmp_path / "src"
+    for s in (100, 200, 300):
+        megatron_iter(src / f"iter_{s:07d}", s)
+        assert pub(src / f"iter_{s:07d}", f"s3://{bucket}/run", "--keep-last", "2", env=env)[0] == 0
+    names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{bucket}/run", refresh=True))
+    assert names == ["iter_0000200", "iter_0000300", TRACKER]
+    rc, _, _ = pub(src / "iter_0000300", f"s3://{bucket}/run", "--keep-last", "1",
+                   env=env | {"CKPTDOCTOR_TEST_KILL_AT": "prune"})
+    assert rc == -signal.SIGKILL  # killed after un-committing iter_0000200, before deleting it
+    rc, out, err = cli("verify", "--format", "json", f"s3://{bucket}/run", env=env)
+    rep = json.loads(out)
+    assert rep["facts"]["resume_from"] == "iter_0000300" == rep["facts"]["newest_complete"]
+    assert_fires_json(rep, "CKD201")  # the half-deleted one is never mistaken for complete

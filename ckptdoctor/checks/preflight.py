@@ -148,8 +148,7 @@ def world_size_changed(pf, eng):
                       details={"checkpoint": v.name, "extra_ranks": v.extra_ranks[:100], "world": pf.alloc.world},
                       hint="resharding needs every shard readable (shared storage); node-local shards of "
                            "the missing ranks will not be read")
-        if v.absent_ranks:
-            yield Hit(pf.display, f"{v.name or 'the checkpoint'} has no shard for {_ranks(v.absent_ranks)} of "
-                      f"this allocation's {pf.alloc.world}: it was written by fewer ranks",
-                      severity="warning" if pf.shared else _sev(pf, name),
-                      details={"checkpoint": v.name, "absent_ranks": v.absent_ranks[:100], "world": pf.alloc.world})
+        if v.grid_problem:
+            yield Hit(pf.display, f"{v.name or 'the checkpoint'}: {v.grid_problem}", severity=_sev(pf, name),
+                      details={"checkpoint": v.name, "world": pf.alloc.world},
+                      hint="relaunch with a world size the model-parallel grid divides")

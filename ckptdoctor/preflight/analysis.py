@@ -5,6 +5,7 @@ report shows (per-node table, newest step every rank can reach).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -32,12 +33,13 @@ class CkptVerdict:
     short: list[Gap] = field(default_factory=list)        # present but fewer bytes than needed
     global_missing: list[Gap] = field(default_factory=list)
     extra_ranks: list[int] = field(default_factory=list)   # files for ranks >= world
-    absent_ranks: list[int] = field(default_factory=list)  # ranks < world with no file anywhere
     writer_nodes: list[str] | None = None
+
+    grid_problem: str | None = None                       # e.g. world not divisible by TP x PP
 
     @property
     def reachable(self) -> bool:
-        return not (self.missing or self.short or self.global_missing or self.absent_ranks)
+        return not (self.missing or self.short or self.global_missing or self.grid_problem)
 
 
 @dataclass
@@ -102,14 +104,15 @@ class Preflight:
         need = self._expected_sizes(name, copies)
         world = self.alloc.world
         files_by_rank: dict[int, set[str]] = {}
-        for rel in set(union) | set(need):
-            r = fam.rank_of(rel)
-            if r is not None:
-                files_by_rank.setdefault(r, set()).add(rel)
+        if fam.name == "megatron-legacy":
+            files_by_rank = _megatron_legacy_ranks(union, world, out)
+        else:
+            for rel in set(union) | set(need):
+                r = fam.rank_of(rel)
+                if r is not None:
+                    files_by_rank.setdefault(r, set()).add(rel)
         out.extra_ranks = sorted(r for r in files_by_rank if r >= world)
         mine = set(self.ranks_checked())
-        if False:  # absent ranks on node-local storage are reported per node as missing files (CKD401)
-            out.absent_ranks = sorted(r for r in range(world) if r not in files_by_rank) if files_by_rank else []
         miss: dict[tuple[str, str], Gap] = {}
         for r in sorted(files_by_rank):
             if r >= world or r not in mine:
@@ -218,3 +221,34 @@ class Preflight:
 
     def trackers(self) -> dict[str, str | None]:
         return {n: self.views[n].tracker for n in self.nodes_checked if self.views[n].kind == "run"}
+
+
+_MP_DIR = re.compile(r"^mp_rank_(?P<tp>\d+)(?:_(?P<pp>\d{3}))?(?:_(?P<ep>\d{3}))?/(?P<file>[^/]+\.pt)$")
+
+
+def _megatron_legacy_ranks(union: dict[str, int], world: int, out: CkptVerdict) -> dict[int, set[str]]:
+    """Megatron legacy: one mp_rank_TT[_PPP] directory per (tensor, pipeline) rank; every
+    data-parallel replica reads the same files.  Global rank order is tp fastest, then dp, then
+    pp (Megatron's default 'tp-cp-ep-dp-pp' with cp = ep = 1)."""
+    cells: dict[tuple[int, int], set[str]] = {}
+    with_pp = False
+    for rel in union:
+        m = _MP_DIR.match(rel)
+        if m:
+            with_pp = with_pp or m.group("pp") is not None
+            cells.setdefault((int(m.group("tp")), int(m.group("pp") or 0)), set()).add(rel)
+    if not cells:
+        return {}
+    tp_n = max(t for t, _ in cells) + 1
+    pp_n = max(p for _, p in cells) + 1
+    if world % (tp_n * pp_n):
+        out.grid_problem = f"world size {world} is not a multiple of TP {tp_n} x PP {pp_n}"
+        return {}
+    dp_n = world // (tp_n * pp_n)
+    files = sorted({f.split("/", 1)[1] for rels in cells.values() for f in rels})
+    by_rank: dict[int, set[str]] = {}
+    for r in range(world):
+        tp, pp = r % tp_n, r // (tp_n * dp_n)
+        d = f"mp_rank_{tp:02d}_{pp:03d}" if with_pp else f"mp_rank_{tp:02d}"
+        by_rank[r] = {f"{d}/{f}" for f in files}
+    return by_rank
