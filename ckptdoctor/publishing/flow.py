@@ -328,8 +328,7 @@ def publish_remote(src: str, dest_root: str, name: str, markers: set[str], layou
         listed = {}
         for d in {"", *dirs}:
             base = f"{final}/{d}" if d else final
-            for it in fs.ls(base, detail=True, refresh=True) if "refresh" in fs.ls.__code__.co_varnames \
-                    else fs.ls(base, detail=True):
+            for it in _ls_fresh(fs, base):
                 if it.get("type") != "directory":
                     listed[it["name"][len(final) + 1:]] = it.get("size")
         bad = [r for r in files if listed.get(r) != files[r]]
@@ -362,6 +361,14 @@ def publish_remote(src: str, dest_root: str, name: str, markers: set[str], layou
         raise
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def _ls_fresh(fs, path: str) -> list[dict]:
+    """One listing of `path`, bypassing fsspec's listing cache where the filesystem has one."""
+    try:
+        return fs.ls(path, detail=True, refresh=True)
+    except TypeError:
+        return fs.ls(path, detail=True)
 
 
 def _upload(fs, src: str, final: str, rels: list[str], workers, progress) -> dict:
