@@ -356,3 +356,11 @@ def test_fuzz_whole_checkpoints_end_to_end(demo_run, tmp_path_factory):
                 [(f.rule, f.message) for f in rep.findings]
         shutil.rmtree(d.parent)
     run()
+
+
+def test_storage_index_offset_of_the_wrong_type(metadata_seed):
+    """Found by the long fuzz profile (falsifying example: bit 0 of byte 976 of this seed): a
+    MetadataIndex whose offset is another object raised TypeError out of the parser."""
+    forged = metadata_seed[:976] + bytes([metadata_seed[976] ^ 1]) + metadata_seed[977:]
+    with pytest.raises(dcp.MetadataError):
+        dcp.parse(forged)

@@ -134,6 +134,6 @@ def _parse(data: bytes, into: DcpMetadata | None) -> DcpMetadata:
         if type(fqn) is not str:
             raise MetadataError("storage record without an fqn")
         if ioff is not None and type(ioff) is not tuple:
-            ioff = tuple(ioff)
+            ioff = _ints(ioff, f"{fqn} storage offset")  # found by fuzzing: any object can sit here
         append(StorageEntry(fqn, ioff, rel, off, length))
     return md
