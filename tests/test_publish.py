@@ -395,3 +395,24 @@ def test_s3_retention_uncommits_before_deleting(tmp_path, s3):
     rep = json.loads(out)
     assert rep["facts"]["resume_from"] == "iter_0000300" == rep["facts"]["newest_complete"]
     assert_fires_json(rep, "CKD201")  # the half-deleted one is never mistaken for complete
+
+
+def test_multi_chunk_files_hash_the_same_in_publish_and_verify(tmp_path):
+    """A file over the 64 MiB manifest chunk: the digests computed while copying must be the
+    ones verify --checksums recomputes by range; a flip in the third range is named."""
+    src = megatron_iter(tmp_path / "src" / "iter_0000100", 100)
+    big = os.path.join(src, "optimizer_rank0.bin")
+    with open(big, "wb") as fh:
+        for i in range(130):
+            fh.write(bytes([i % 251]) * (1 << 20))
+    dest = tmp_path / "dest"
+    assert pub(src, dest)[0] == 0
+    man = json.load(open(dest / "iter_0000100" / "ckptdoctor.manifest.json"))
+    assert len(man["files"]["optimizer_rank0.bin"]["chunks"]) == 3
+    assert verify_json(dest)[0] == 0
+    with open(dest / "iter_0000100" / "optimizer_rank0.bin", "r+b") as fh:
+        fh.seek(129 << 20)
+        fh.write(b"\x00")
+    rc, rep = verify_json(dest)
+    hits = assert_fires_json(rep, "CKD151", path_contains="optimizer_rank0.bin")
+    assert hits[0]["details"]["range"] == [128 << 20, 130 << 20]

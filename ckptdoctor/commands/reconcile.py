@@ -12,7 +12,7 @@ import yaml
 
 from ..engine.errors import InputError, UsageError
 from ..engine.runner import Engine
-from ..io.atomic import fsync_dir
+from ..io.atomic import replace_file, write_new
 from ..io.fs import LocalStorage, Storage, open_location
 from ..runstate import profiles as prof
 from ..runstate.positions import Positions, RepairPlan, plan_repair
@@ -150,7 +150,7 @@ def fix(view: ReconcileView, output: str | None = None) -> tuple[str, str | None
     data = (json.dumps(doc, indent=2) + "\n").encode() if is_json else \
         yaml.safe_dump(doc, sort_keys=False).encode()
     if output:
-        _atomic_replace(output, data)
+        replace_file(output, data)
         return output, None, plan.reason
     target = view.st.abspath(fname)
     d = os.path.dirname(target)
@@ -159,8 +159,8 @@ def fix(view: ReconcileView, output: str | None = None) -> tuple[str, str | None
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     backup = f"{target}.ckptdoctor-bak-{stamp}"
     try:
-        _atomic_create(backup, raw)
-        _atomic_replace(target, data)
+        write_new(backup, raw)
+        replace_file(target, data)
     except OSError as exc:
         raise InputError(f"reconcile --fix: cannot write {target}: {exc.strerror or exc}") from None
     return target, backup, plan.reason
@@ -176,24 +176,3 @@ def _set(doc, path: str, value) -> None:
     if not isinstance(cur, dict) or parts[-1] not in cur:
         raise UsageError(f"reconcile --fix: {path} is not in the file; refusing to invent it")
     cur[parts[-1]] = value
-
-
-def _atomic_create(path: str, data: bytes) -> None:
-    from ..io.atomic import write_new
-    write_new(path, data)
-
-
-def _atomic_replace(path: str, data: bytes) -> None:
-    d, base = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(d, f".{base}.ckptdoctor-tmp-{os.getpid()}")
-    try:
-        with open(tmp, "xb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        fsync_dir(d)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-

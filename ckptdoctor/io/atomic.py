@@ -37,18 +37,21 @@ def write_new(path: str, data: bytes) -> None:
             pass
 
 
-def replace_file(path: str, data: bytes) -> None:
+def replace_file(path: str, data: bytes, *, temp_name: str | None = None, before_rename=None) -> None:
     """Write `path` atomically, replacing it: same-directory temp, fsync, rename(2), fsync the dir.
 
-    Readers see the old content or the new, never a mix; after return both are durable."""
+    Readers see the old content or the new, never a mix; after return both are durable.
+    `before_rename` runs between the durable temp and the rename (crash tests stop there)."""
     d, base = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(d, f".{base}.ckptdoctor-tmp-{os.getpid()}")
+    tmp = os.path.join(d, temp_name or f".{base}.ckptdoctor-tmp-{os.getpid()}")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        if before_rename:
+            before_rename()
         os.replace(tmp, path)
         fsync_dir(d)
     finally:

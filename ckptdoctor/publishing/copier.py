@@ -30,6 +30,32 @@ class Copied:
     digests: list[str]
 
 
+class ChunkDigests:
+    """xxh3-128 per `chunk` bytes of a stream, the manifest's digests.  Callers read at most
+    `want(n)` bytes at a time, so no update straddles a chunk boundary."""
+
+    def __init__(self, chunk: int = CHUNK_BYTES):
+        self.chunk, self.left, self.total = chunk, chunk, 0
+        self.h = xxhash.xxh3_128()
+        self.digests: list[str] = []
+
+    def want(self, cap: int) -> int:
+        return min(cap, self.left)
+
+    def update(self, data) -> None:
+        self.h.update(data)
+        self.total += len(data)
+        self.left -= len(data)
+        if self.left == 0:
+            self.digests.append(self.h.hexdigest())
+            self.h, self.left = xxhash.xxh3_128(), self.chunk
+
+    def finish(self) -> list[str]:
+        if self.total == 0 or self.total % self.chunk:
+            self.digests.append(self.h.hexdigest())
+        return self.digests
+
+
 def list_tree(src: str) -> tuple[list[str], dict[str, int]]:
     """(directories, files -> size) under src, relative with '/'.  Symlinks are refused."""
     dirs, files = [], {}
@@ -54,10 +80,7 @@ def list_tree(src: str) -> tuple[list[str], dict[str, int]]:
 def copy_file(src: str, dst: str, rel: str, chunk: int = CHUNK_BYTES, progress=None) -> Copied:
     st0 = os.stat(src)
     buf = _buf()
-    digests: list[str] = []
-    h = xxhash.xxh3_128()
-    left = chunk
-    total = 0
+    cd = ChunkDigests(chunk)
     with open(src, "rb") as fi:
         try:
             os.posix_fadvise(fi.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
@@ -66,7 +89,7 @@ def copy_file(src: str, dst: str, rel: str, chunk: int = CHUNK_BYTES, progress=N
         fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, st0.st_mode & 0o777 | 0o200)
         try:
             while True:
-                n = fi.readinto(buf[:min(len(buf), left)])
+                n = fi.readinto(buf[:cd.want(len(buf))])
                 if not n:
                     break
                 view = buf[:n]
@@ -74,26 +97,18 @@ def copy_file(src: str, dst: str, rel: str, chunk: int = CHUNK_BYTES, progress=N
                 written = 0
                 while written < n:
                     written += os.write(fd, view[written:])
-                h.update(view)
-                total += n
-                left -= n
-                if left == 0:
-                    digests.append(h.hexdigest())
-                    h = xxhash.xxh3_128()
-                    left = chunk
+                cd.update(view)
                 if progress:
                     progress(n)
-            if total == 0 or total % chunk:
-                digests.append(h.hexdigest())
             os.fsync(fd)
         finally:
             os.close(fd)
     st1 = os.stat(src)
-    if total != st0.st_size or (st1.st_size, st1.st_mtime_ns) != (st0.st_size, st0.st_mtime_ns):
+    if cd.total != st0.st_size or (st1.st_size, st1.st_mtime_ns) != (st0.st_size, st0.st_mtime_ns):
         raise SourceChanged(f"{src}: changed while being copied (size {st0.st_size} -> {st1.st_size}, "
-                            f"read {total}); is the checkpoint still being written?")
+                            f"read {cd.total}); is the checkpoint still being written?")
     os.utime(dst, ns=(st0.st_atime_ns, st0.st_mtime_ns))  # keep 'marker written last' evidence
-    return Copied(rel, total, digests)
+    return Copied(rel, cd.total, cd.finish())
 
 
 def copy_tree(src: str, dst: str, dirs: list[str], files: dict[str, int], workers: int | None = None,

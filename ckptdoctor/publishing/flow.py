@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from .. import __version__
 from ..engine.errors import CkptDoctorError, InputError, TransientError, UsageError
 from ..io import hashing
-from ..io.atomic import fsync_dir, rename_exchange, rename_noreplace, write_new
+from ..io.atomic import fsync_dir, rename_exchange, rename_noreplace, replace_file, write_new
 from ..io.fs import LocalStorage, is_transient, is_url
 from ..layouts import manifest as mf
 from . import faults, naming, retention
@@ -113,36 +113,34 @@ def _clean_own_leftovers(root: str, name: str, result: PublishResult) -> None:
         fsync_dir(root)
 
 
+def _tracker_plan(fmt: naming.TrackerFormat, name: str, old: str | None, entries: list[str], path: str) -> dict:
+    """What the tracker should become; `written` False with a note when it must not move."""
+    new = fmt.render(name)
+    info = {"file": path, "format": fmt.name, "old": old, "new": new, "written": False, "note": None}
+    if old is not None and old.strip() == new:
+        info["note"] = "already names this checkpoint"
+    elif old is not None and _newer(fmt.parse(old), fmt.step_of(name)) \
+            and fmt.dir_for(old, entries + [name]) is not None:
+        info["note"] = (f"left at {old.strip()!r}: it names a newer checkpoint than {name}; "
+                        f"a tracker never moves backwards")
+    return info
+
+
+def _newer(old_step: int | None, new_step: int | None) -> bool:
+    return old_step is not None and new_step is not None and old_step > new_step
+
+
 def _write_tracker(root: str, fmt: naming.TrackerFormat, name: str, entries: list[str], result: PublishResult):
     path = os.path.join(root, fmt.file)
     old = None
     if os.path.exists(path):
         with open(path, "r", errors="replace") as fh:
             old = fh.read(256)
-    new = fmt.render(name)
-    info = {"file": path, "format": fmt.name, "old": old, "new": new, "written": False, "note": None}
-    result.tracker = info
-    if old is not None and old.strip() == new:
-        info["note"] = "already names this checkpoint"
+    info = result.tracker = _tracker_plan(fmt, name, old, entries, path)
+    if info["note"]:
         return
-    old_step, new_step = (fmt.parse(old) if old is not None else None), fmt.step_of(name)
-    if old_step is not None and new_step is not None and old_step > new_step \
-            and fmt.dir_for(old, entries + [name]) is not None:
-        info["note"] = (f"left at {old.strip()!r}: it names a newer checkpoint than {name}; "
-                        f"a tracker never moves backwards")
-        return
-    tmp = os.path.join(root, naming.temp_name(fmt.file))
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(new.encode())
-            fh.flush()
-            os.fsync(fh.fileno())
-        faults.point("tracker-temp")
-        os.replace(tmp, path)
-        fsync_dir(root)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    replace_file(path, info["new"].encode(), temp_name=naming.temp_name(fmt.file),
+                 before_rename=lambda: faults.point("tracker-temp"))
     info["written"] = True
     faults.point("tracker")
 
@@ -374,34 +372,26 @@ def _ls_fresh(fs, path: str) -> list[dict]:
 def _upload(fs, src: str, final: str, rels: list[str], workers, progress) -> dict:
     """Stream each file to its final object name while hashing it (one read).  Multipart uploads
     complete on close, so an object never appears partially under its name."""
-    import xxhash
     from concurrent.futures import ThreadPoolExecutor
-    from .copier import Copied
+    from .copier import ChunkDigests, Copied
 
     def one(rel: str) -> Copied:
         st0 = os.stat(os.path.join(src, rel))
-        digests, h, left, total = [], xxhash.xxh3_128(), hashing.CHUNK_BYTES, 0
+        cd = ChunkDigests()
         with open(os.path.join(src, rel), "rb") as fi, fs.open(f"{final}/{rel}", "wb") as fo:
             while True:
-                b = fi.read(min(8 << 20, left))
+                b = fi.read(cd.want(8 << 20))
                 if not b:
                     break
                 fo.write(b)
-                h.update(b)
-                total += len(b)
-                left -= len(b)
-                if left == 0:
-                    digests.append(h.hexdigest())
-                    h, left = xxhash.xxh3_128(), hashing.CHUNK_BYTES
+                cd.update(b)
                 if progress:
                     progress(len(b))
-        if total == 0 or total % hashing.CHUNK_BYTES:
-            digests.append(h.hexdigest())
         st1 = os.stat(os.path.join(src, rel))
-        if total != st0.st_size or (st1.st_size, st1.st_mtime_ns) != (st0.st_size, st0.st_mtime_ns):
+        if cd.total != st0.st_size or (st1.st_size, st1.st_mtime_ns) != (st0.st_size, st0.st_mtime_ns):
             raise InputError(f"publish aborted: {os.path.join(src, rel)} changed while being uploaded; "
                              f"not committed")
-        return Copied(rel, total, digests)
+        return Copied(rel, cd.total, cd.finish())
 
     workers = workers or min(8, 2 * (os.cpu_count() or 1))
     if len(rels) <= 1:
@@ -420,16 +410,9 @@ def _remote_after_commit(fs, root: str, name: str, res: PublishResult, tracker: 
     if fmt is not None and fmt.file:
         path = f"{root}/{fmt.file}"
         old = fs.cat_file(path).decode(errors="replace") if fmt.file in entries else None
-        new = fmt.render(name)
-        info = {"file": path, "format": fmt.name, "old": old, "new": new, "written": False, "note": None}
-        res.tracker = info
-        old_step, new_step = (fmt.parse(old) if old else None), fmt.step_of(name)
-        if old is not None and old.strip() == new:
-            info["note"] = "already names this checkpoint"
-        elif old_step is not None and new_step is not None and old_step > new_step:
-            info["note"] = f"left at {old.strip()!r}: a tracker never moves backwards"
-        else:
-            fs.pipe_file(path, new.encode())  # a single PUT: readers see old or new
+        info = res.tracker = _tracker_plan(fmt, name, old, entries, path)
+        if not info["note"]:
+            fs.pipe_file(path, info["new"].encode())  # a single PUT: readers see old or new
             info["written"] = True
             faults.point("tracker")
     if keep_last is None and not keep_every:
