@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 
 
 def fsync_dir(path: str) -> None:
@@ -13,28 +14,36 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_new(path: str, data: bytes) -> None:
-    """Create `path` with `data` atomically; FileExistsError if it already exists (never replaces)."""
-    d, base = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(d, f".{base}.tmp.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+def _commit_via_temp(path: str, data: bytes, temp_name: str, commit) -> None:
+    """Write `data` durably to a same-directory temp, `commit(tmp, path)`, fsync the directory;
+    the temp is gone afterwards whatever happened."""
+    d = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(d, temp_name)
     try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        try:
-            os.link(tmp, path)  # fails with EEXIST instead of replacing
-        except OSError as exc:
-            if exc.errno == errno.EEXIST:
-                raise FileExistsError(path) from None
-            raise
+        commit(tmp, path)
         fsync_dir(d)
     finally:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+
+
+def write_new(path: str, data: bytes) -> None:
+    """Create `path` with `data` atomically; FileExistsError if it already exists (never replaces)."""
+    def link(tmp, dst):
+        try:
+            os.link(tmp, dst)  # fails with EEXIST instead of replacing
+        except OSError as exc:
+            if exc.errno == errno.EEXIST:
+                raise FileExistsError(dst) from None
+            raise
+    _commit_via_temp(path, data, f".{os.path.basename(path)}.tmp.{os.getpid()}.{secrets.token_hex(3)}", link)
 
 
 def replace_file(path: str, data: bytes, *, temp_name: str | None = None, before_rename=None) -> None:
@@ -42,23 +51,12 @@ def replace_file(path: str, data: bytes, *, temp_name: str | None = None, before
 
     Readers see the old content or the new, never a mix; after return both are durable.
     `before_rename` runs between the durable temp and the rename (crash tests stop there)."""
-    d, base = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(d, temp_name or f".{base}.ckptdoctor-tmp-{os.getpid()}")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+    def rename(tmp, dst):
         if before_rename:
             before_rename()
-        os.replace(tmp, path)
-        fsync_dir(d)
-    finally:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        os.replace(tmp, dst)
+    _commit_via_temp(path, data, temp_name or
+                     f".{os.path.basename(path)}.ckptdoctor-tmp-{os.getpid()}.{secrets.token_hex(3)}", rename)
 
 
 # renameat2(2) flags: no Python wrapper exists, so call libc directly where it has one.
