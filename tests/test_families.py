@@ -151,7 +151,10 @@ def verl_step(d, step, world=2):
             for kind in ("model", "optim", "extra_state"):
                 torch.save({"rank": r}, d / comp / f"{kind}_world_size_{world}_rank_{r}.pt")
         (d / comp / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": world}))
-    torch.save({"_num_yielded": step, "_iterator_finished": False}, d / "data.pt")
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "fixtures"))
+    from nemo_rl_ckpt import dataloader_state  # the real torchdata StatefulDataLoader state
+    torch.save(dataloader_state(2), d / "data.pt")
 
 
 def test_verl_run(tmp_path):
