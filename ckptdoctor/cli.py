@@ -11,7 +11,7 @@ from typing import List, Optional
 import typer
 
 from . import __version__
-from .engine.errors import (EXIT_INTERNAL, EXIT_USAGE, CkptDoctorError, UsageError)
+from .engine.errors import EXIT_INTERNAL, CkptDoctorError, UsageError
 
 app = typer.Typer(name="ckptdoctor", no_args_is_help=True, add_completion=False,
                   rich_markup_mode=None, pretty_exceptions_enable=False,

@@ -5,7 +5,6 @@ them).  Each scene says what was broken and shows what the doctor reports.
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 import sys
@@ -169,7 +168,7 @@ def _publish_scene(root: str, run: str, fmt: str, out) -> bool:
         if name == "iter_0000200":
             os.unlink(os.path.join(src, ".metadata.tmp"))  # the operator cleaned the stale commit leftover
         if fmt == "text":
-            out.write(f"\n# scene 4: publish from node-local disk to durable storage\n" if name == "iter_0000300"
+            out.write("\n# scene 4: publish from node-local disk to durable storage\n" if name == "iter_0000300"
                       else "\n")
             out.write(f"$ ckptdoctor publish {src} {durable}\n")
         eng = _engine("publish", src, None, None, None, None, None, True, False)

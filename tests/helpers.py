@@ -3,6 +3,7 @@ fires; test_catalog.py requires one such call per catalog rule."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -52,3 +53,34 @@ def as_unprivileged() -> list[str]:
         pytest.skip("running as root without setpriv(1): cannot drop CAP_DAC_OVERRIDE")
     caps = "-dac_override,-dac_read_search"
     return ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}"]
+
+
+def spread(src_ckpt, root, nodes, per_node, name="iter_0000100", tracker="100", skip=()):
+    """Copy a real checkpoint into per-node roots the way node-local saving leaves it: each node
+    holds its own ranks' shards plus the global files."""
+    for i, n in enumerate(nodes):
+        d = os.path.join(root, n, "run7", name)
+        os.makedirs(d, exist_ok=True)
+        for f in os.listdir(src_ckpt):
+            if (n, f) in skip:
+                continue
+            if f.startswith("__") and f.endswith(".distcp"):
+                if int(f[2:].split("_")[0]) // per_node != i:
+                    continue
+            shutil.copy2(os.path.join(src_ckpt, f), d)
+        if tracker is not None:
+            with open(os.path.join(root, n, "run7", "latest_checkpointed_iteration.txt"), "w") as fh:
+                fh.write(tracker)
+    return os.path.join(root, "{node}", "run7")
+
+
+def node_local_dcp(tmp_path, nodes, per_node):
+    """A real DCP checkpoint (torch-free writer) of len(nodes) x per_node ranks, spread node-locally
+    with `spread`; returns the nodes root (tmp_path/nodes).  Readable by other users (Slurm, sshd)."""
+    from ckptdoctor.layouts import dcp_writer as W
+    src = tmp_path / "src" / "iter_0000100"
+    world = len(nodes) * per_node
+    W.write(str(src), [W.Item("w", (2 * world, 4), (2 * r, 0), (2, 4), [float(r)] * 8, rank=r) for r in range(world)])
+    spread(src, tmp_path / "nodes", nodes, per_node)
+    os.chmod(tmp_path, 0o755)
+    return tmp_path / "nodes"

@@ -4,7 +4,7 @@ import shutil
 
 from ckptdoctor import api
 from conftest import needs_torch
-from helpers import as_unprivileged, assert_fires, assert_fires_json, assert_no_errors
+from helpers import as_unprivileged, assert_fires, assert_fires_json
 
 pytestmark = needs_torch
 

@@ -8,7 +8,7 @@ import pytest
 
 from ckptdoctor.engine.finding import Report
 from ckptdoctor.slurm.hostlist import HostlistError, compress, expand, tasks_per_node
-from helpers import assert_fires_json, cli
+from helpers import assert_fires_json, cli, spread
 
 TRACKER = "latest_checkpointed_iteration.txt"
 
@@ -55,25 +55,6 @@ def test_tasks_per_node():
 
 
 # ---- node-local fixtures ------------------------------------------------------------------------
-def spread(src_ckpt, root, nodes, per_node, name="iter_0000100", tracker="100", skip=()):
-    """Copy a real checkpoint into per-node roots the way node-local saving leaves it: each node
-    holds its own ranks' shards plus the global files."""
-    for i, n in enumerate(nodes):
-        d = os.path.join(root, n, "run7", name)
-        os.makedirs(d, exist_ok=True)
-        for f in os.listdir(src_ckpt):
-            if (n, f) in skip:
-                continue
-            if f.startswith("__") and f.endswith(".distcp"):
-                if int(f[2:].split("_")[0]) // per_node != i:
-                    continue
-            shutil.copy2(os.path.join(src_ckpt, f), d)
-        if tracker is not None:
-            with open(os.path.join(root, n, "run7", TRACKER), "w") as fh:
-                fh.write(tracker)
-    return os.path.join(root, "{node}", "run7")
-
-
 def pre(*args, env=None):
     rc, out, err = cli("preflight", "--format", "json", *map(str, args), env=env)
     assert "Traceback" not in err, err

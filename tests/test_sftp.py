@@ -10,8 +10,7 @@ import warnings
 
 import pytest
 
-from ckptdoctor.layouts import dcp_writer as W
-from helpers import assert_fires_json
+from helpers import assert_fires_json, node_local_dcp
 from test_preflight import pre
 
 SSHD = "/usr/sbin/sshd"
@@ -62,17 +61,7 @@ def sshd(tmp_path_factory):
 
 
 def test_preflight_over_sftp(sshd, tmp_path):
-    src = tmp_path / "src" / "iter_0000100"
-    W.write(str(src), [W.Item("w", (8, 4), (2 * r, 0), (2, 4), [float(r)] * 8, rank=r) for r in range(4)])
-    for i, n in enumerate(NODES):
-        d = tmp_path / "nodes" / n / "run7" / "iter_0000100"
-        d.mkdir(parents=True)
-        for f in os.listdir(src):
-            if f.endswith(".distcp") and int(f[2:].split("_")[0]) // 2 != i:
-                continue
-            shutil.copy2(src / f, d)
-        (tmp_path / "nodes" / n / "run7" / "latest_checkpointed_iteration.txt").write_text("100")
-    os.chmod(tmp_path, 0o755)
+    node_local_dcp(tmp_path, NODES, 2)
     loc = f"sftp://root@{{node}}:{sshd['port']}{tmp_path}/nodes/{{node}}/run7"
     rc, rep, err = pre(loc, "--nodelist", ",".join(NODES), "--ranks-per-node", "2", env=sshd["env"])
     assert rc == 0, (rep and rep["findings"], err)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ckptdoctor.layouts import dcp_writer as W
 from ckptdoctor.slurm.hostlist import compress, expand
 
 import slurm_lab
+from helpers import node_local_dcp
 
 REPO = Path(__file__).resolve().parent.parent
 CKD = str(Path(sys.executable).parent / "ckptdoctor")
@@ -48,18 +48,7 @@ def lab(tmp_path_factory):
 @pytest.fixture
 def nodes_root(tmp_path):
     """A 6-rank DCP checkpoint spread node-locally over n1..n3 (2 ranks each), tracker everywhere."""
-    src = tmp_path / "src" / "iter_0000100"
-    W.write(str(src), [W.Item("w", (12, 4), (2 * r, 0), (2, 4), [float(r)] * 8, rank=r) for r in range(6)])
-    for i, n in enumerate(slurm_lab.NODES):
-        d = tmp_path / "nodes" / n / "run7" / "iter_0000100"
-        d.mkdir(parents=True)
-        for f in os.listdir(src):
-            if f.endswith(".distcp") and int(f[2:].split("_")[0]) // 2 != i:
-                continue
-            shutil.copy2(src / f, d)
-        (tmp_path / "nodes" / n / "run7" / "latest_checkpointed_iteration.txt").write_text("100")
-    os.chmod(tmp_path, 0o755)
-    return tmp_path / "nodes"
+    return node_local_dcp(tmp_path, slurm_lab.NODES, 2)
 
 
 def test_hostlist_matches_scontrol(lab):

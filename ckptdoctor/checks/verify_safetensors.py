@@ -19,15 +19,7 @@ def headers(ck, eng) -> dict[str, stf.Header | str]:
             continue
         rel = ck.relpath(name)
         try:
-            head = ck.storage.read_range(rel, 0, 8)
-            if len(head) < 8:
-                raise stf.HeaderError(f"file is {e.size} bytes, shorter than the 8-byte header length")
-            n = int.from_bytes(head, "little")
-            if n > stf.MAX_HEADER_BYTES:
-                raise stf.HeaderError(f"header length {n} exceeds the {stf.MAX_HEADER_BYTES}-byte limit")
-            if 8 + n > e.size:
-                raise stf.HeaderError(f"header length {n} runs past the end of the {e.size}-byte file")
-            out[name] = stf.parse_header(ck.storage.read_range(rel, 8, n), e.size)
+            out[name] = stf.read_header(lambda off, n, rel=rel: ck.storage.read_range(rel, off, n), e.size)
         except stf.HeaderError as exc:
             out[name] = str(exc)
         except OSError as exc:

@@ -1,7 +1,6 @@
 """verify: structural (and with --checksums, content) checks of a checkpoint or run root."""
 from __future__ import annotations
 
-import time
 
 from ..engine.finding import Report
 from ..engine.runner import Engine

@@ -10,7 +10,7 @@ import pickle
 import re
 from dataclasses import dataclass, field
 
-from ..io.unpickle import Bag, MetadataIndex, RefusedGlobal, TensorProperties, loads_dcp
+from ..io.unpickle import Bag, RefusedGlobal, TensorProperties, loads_dcp
 
 SHARD_RE = re.compile(r"^__(?P<rank>\d+)_(?P<n>\d+)\.distcp$")
 RANK_METADATA_RE = re.compile(r"^__(?P<rank>\d+)\.metadata$")
@@ -120,7 +120,7 @@ def _parse(data: bytes, into: DcpMetadata | None) -> DcpMetadata:
             tensors[fqn].chunks.extend(c for c in chunks if c not in have)
         else:
             tensors[fqn] = TensorInfo(fqn, size, str(dtype) if dtype else None, chunks)
-    storage, append = md.storage, md.storage.append
+    append = md.storage.append
     for idx, info in sd.items():
         try:
             idd, ind = idx.__dict__, info.__dict__

@@ -32,8 +32,9 @@ class Header:
         return max((end for _, _, _, end in self.tensors.values()), default=0)
 
 
-def read_header(fh, file_size: int) -> Header:
-    head = fh.read(8)
+def read_header(read_at, file_size: int) -> Header:
+    """Read and check the header through `read_at(offset, n) -> bytes` (a pread, a ranged GET)."""
+    head = read_at(0, 8)
     if len(head) < 8:
         raise HeaderError(f"file is {file_size} bytes, shorter than the 8-byte header length")
     (n,) = struct.unpack("<Q", head)
@@ -41,7 +42,7 @@ def read_header(fh, file_size: int) -> Header:
         raise HeaderError(f"header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit")
     if 8 + n > file_size:
         raise HeaderError(f"header length {n} runs past the end of the {file_size}-byte file")
-    raw = fh.read(n)
+    raw = read_at(8, n)
     if len(raw) < n:
         raise HeaderError("file shrank while reading the header")
     return parse_header(raw, file_size)

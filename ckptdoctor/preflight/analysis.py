@@ -33,7 +33,6 @@ class CkptVerdict:
     short: list[Gap] = field(default_factory=list)        # present but fewer bytes than needed
     global_missing: list[Gap] = field(default_factory=list)
     extra_ranks: list[int] = field(default_factory=list)   # files for ranks >= world
-    writer_nodes: list[str] | None = None
 
     grid_problem: str | None = None                       # e.g. world not divisible by TP x PP
 

@@ -110,7 +110,7 @@ def _walk(st: Storage, rel: str, depth: int = 0) -> dict[str, int]:
         p = f"{rel}/{e.name}" if rel else e.name
         if e.is_dir:
             if depth < MAX_DEPTH:
-                out.update({k: v for k, v in _walk(st, p, depth + 1).items()})
+                out.update(_walk(st, p, depth + 1))
         else:
             out[p] = e.size
     return out

@@ -93,9 +93,8 @@ def plan_repair(p: Positions, steps: int = 4) -> RepairPlan:
     before, after = p.simulate(steps=steps), p.simulate(new, steps)
     if after is None or before is None:
         return RepairPlan(None, "the simulator lacks a position")
-    worse = (len(after.duplicate_prompts) > len(before.duplicate_prompts) or
-             (after.stalled_at and not before.stalled_at) or len(after.lost_prompts) >= len(before.lost_prompts) > 0)
-    if worse or after.lost_prompts:
+    if after.lost_prompts or len(after.duplicate_prompts) > len(before.duplicate_prompts) \
+            or (after.stalled_at and not before.stalled_at):
         return RepairPlan(None, "the simulator does not show the repair removing the loss without "
                                 "adding duplicates or a stall", before, after)
     return RepairPlan(new, f"align the cursor to the dataloader: {p.c} -> {new}", before, after)

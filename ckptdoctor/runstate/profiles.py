@@ -78,7 +78,7 @@ class Mapping:
                 self.notes.append((rel, f"pickle refers to {exc.qualname}, which is not allowed "
                                         f"(refused, nothing was run)"))
                 val = None
-            except (ptfile.PtError, ValueError, yaml.YAMLError) as exc:
+            except (ptfile.PtError, ValueError) as exc:
                 self.notes.append((rel, str(exc).splitlines()[0][:200]))
                 val = None
             except OSError as exc:
@@ -93,13 +93,17 @@ class Mapping:
                 return ptfile.read_pt(fh)
         if size is not None and size > MAX_JSON_BYTES:
             raise ValueError(f"{size} bytes is too large for a run-state file (limit {MAX_JSON_BYTES})")
-        raw = self.st.read(rel, MAX_JSON_BYTES)
-        if rel.endswith(".json"):
-            try:
-                return json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise ValueError(f"not valid JSON: {exc}") from None
-        return yaml.load(raw, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        return parse_text(rel, self.st.read(rel, MAX_JSON_BYTES))
+
+
+def parse_text(rel: str, raw: bytes):
+    """JSON for *.json, safe YAML otherwise; ValueError naming the format on bad input."""
+    kind = "JSON" if rel.endswith(".json") else "YAML"
+    try:
+        return json.loads(raw) if kind == "JSON" else \
+            yaml.load(raw, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (json.JSONDecodeError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ValueError(f"not valid {kind}: {str(exc).splitlines()[0][:120]}") from None
 
 
 def _spec(profile: Profile, overrides: dict[str, dict], name: str) -> dict | None:
@@ -303,11 +307,9 @@ def load_state_file(st: Storage, rel: str) -> RunState:
     if len(raw) > MAX_JSON_BYTES:
         raise InputError(f"{st.show(rel)}: larger than {MAX_JSON_BYTES} bytes; not a run-state file")
     try:
-        doc = json.loads(raw) if rel.endswith(".json") else \
-            yaml.load(raw, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except (json.JSONDecodeError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise InputError(f"{st.show(rel)}: not valid {'JSON' if rel.endswith('.json') else 'YAML'}: "
-                         f"{str(exc).splitlines()[0][:120]}") from None
+        doc = parse_text(rel, raw)
+    except ValueError as exc:
+        raise InputError(f"{st.show(rel)}: {exc}") from None
     rs = normalize(doc, st.show(rel))
     derive(rs)
     return rs
