@@ -9,7 +9,7 @@ __all__ = ["__version__", "verify", "reconcile", "publish", "save_and_publish", 
 
 
 def __getattr__(name):  # lazy: keep `import ckptdoctor` cheap
-    if name in ("verify", "reconcile", "manifest", "publish", "save_and_publish"):
+    if name in ("verify", "reconcile", "publish", "save_and_publish"):
         from . import api
         return getattr(api, name)
     if name in ("Report", "Finding"):

@@ -5,15 +5,35 @@
 """
 from __future__ import annotations
 
+from .engine.errors import UsageError
 from .engine.finding import Report
 from .engine.runner import Engine
 from .engine.selection import Selection
 
 
 def make_engine(command: str, target: str, *, select=None, ignore=None, severity=None,
-                fail_on: str = "error", **options) -> Engine:
-    return Engine(command, target, Selection(list(select or ["ALL"]), list(ignore or []), dict(severity or {})),
-                  fail_on=fail_on, options=options)
+                fail_on: str | None = None, config: str | None = None, isolated: bool = True,
+                debug: bool = False, progress=None, **options) -> Engine:
+    """The engine a subcommand runs on.  The API ignores config files unless `isolated=False` (then
+    `config`, $CKPTDOCTOR_CONFIG or the nearest ckptdoctor.toml applies, as on the command line);
+    explicit arguments win over the file, options left None fall back to the file's table."""
+    from .engine import config as cfg
+    s = cfg.load(config, isolated)
+    if select:
+        s.select = list(select)
+    if ignore:
+        s.ignore = s.ignore + list(ignore)
+    if fail_on:
+        s.fail_on = fail_on
+    if s.fail_on not in ("error", "warning", "info"):
+        raise UsageError(f"fail-on {s.fail_on!r}: use error, warning or info")
+    s.severity.update(severity or {})
+    opts = dict(s.options.get(command, {}))
+    opts.update({k: v for k, v in options.items() if v is not None})
+    eng = Engine(command, target, Selection(s.select, s.ignore, s.severity), fail_on=s.fail_on,
+                 options=opts, debug=debug, progress=progress)
+    eng.report.config = s.source
+    return eng
 
 
 def verify(path: str, *, layout: str | None = None, select=None, ignore=None, severity=None,

@@ -5,6 +5,7 @@ import logging
 import gc
 import os
 import sys
+from dataclasses import dataclass
 from enum import Enum
 from typing import List, Optional
 
@@ -57,29 +58,33 @@ def _split(values: Optional[List[str]]) -> list[str]:
     return out
 
 
-def _engine(command, target, select, ignore, fail_on, severity, config, isolated, debug, options=None):
-    from .engine import config as cfg
-    from .engine.runner import Engine
-    from .engine.selection import Selection
-    s = cfg.load(config, isolated)
-    if select:
-        s.select = _split(select)
-    if ignore:
-        s.ignore = s.ignore + _split(ignore)
-    if fail_on:
-        s.fail_on = fail_on.value if isinstance(fail_on, Enum) else fail_on
-    if s.fail_on not in ("error", "warning", "info"):
-        raise UsageError(f"fail-on {s.fail_on!r}: use error, warning or info")
-    for item in severity or []:
+def _engine(command: str, target: str, c: "Common", options: dict | None = None):
+    from .api import make_engine
+    from .report.progress import Progress
+    sev: dict[str, str] = {}
+    for item in c.severity or []:
         key, sep, val = item.partition("=")
         if not sep:
             raise UsageError(f"--severity {item!r}: expected RULE=error|warning|info")
-        s.severity[key] = val
-    opts = dict(s.options.get(command, {}))
-    opts.update({k: v for k, v in (options or {}).items() if v is not None})
-    eng = Engine(command, target, Selection(s.select, s.ignore, s.severity), fail_on=s.fail_on,
-                 options=opts, debug=debug)
-    return eng
+        sev[key] = val
+    return make_engine(command, target, select=_split(c.select), ignore=_split(c.ignore), severity=sev,
+                       fail_on=c.fail_on.value if c.fail_on else None, config=c.config, isolated=c.isolated,
+                       debug=c.debug, progress=lambda total, label: Progress(total, label, enabled=not c.quiet),
+                       **(options or {}))
+
+
+@dataclass
+class Common:
+    """The options every judging subcommand shares, declared once."""
+    select: Optional[List[str]]
+    ignore: Optional[List[str]]
+    fail_on: Optional["Level"]
+    severity: Optional[List[str]]
+    config: Optional[str]
+    isolated: bool
+    format: "Fmt"
+    debug: bool
+    quiet: bool
 
 
 def _finish(eng, fmt: Fmt) -> None:
@@ -120,9 +125,9 @@ def verify(
     _logging(quiet, debug)
     from .commands import verify as flow
     sl = _parse_slice(slice_, checksums)
-    eng = _engine("verify", path, select, ignore, fail_on, severity, config, isolated, debug,
-                  {"num_experts": num_experts, "mtime_tolerance": mtime_tolerance, "checksums": checksums,
-                   "slice": sl, "workers": workers, "quiet": quiet})
+    c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet)
+    eng = _engine("verify", path, c, {"num_experts": num_experts, "mtime_tolerance": mtime_tolerance,
+                                      "checksums": checksums or None, "slice": sl, "workers": workers})
     flow.run(path, eng, layout=layout)
     _finish(eng, format)
 
@@ -197,9 +202,11 @@ def publish(
     rename, then the tracker; optional retention."""
     _logging(quiet, debug)
     from .commands import publish as flow
-    eng = _engine("publish", src, select, ignore, fail_on, severity, config, isolated, debug)
+    c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet)
+    eng = _engine("publish", src, c, {"workers": workers, "keep_last": keep_last, "keep_every": keep_every})
     flow.run(src, dest_root, eng, name=name, force=force, replace=replace, tracker=tracker.value,
-             keep_last=keep_last, keep_every=keep_every, workers=workers, quiet=quiet)
+             keep_last=eng.opt("keep_last"), keep_every=eng.opt("keep_every"), workers=eng.opt("workers"),
+             quiet=quiet)
     _finish(eng, format)  # refused = the source's error findings, so the exit status is 1
 
 
@@ -235,32 +242,15 @@ def reconcile(
         raise UsageError("--steps must be between 1 and 10000")
     if fix_output and not fix:
         raise UsageError("--fix-output only makes sense with --fix")
-    view = flow.load(path, profile, map_ or [], steps)
     if show_state:
         import json as _json
-        _json.dump(view.rs.to_json(), sys.stdout, indent=2, default=str)
+        _json.dump(flow.load(path, profile, map_ or [], steps).rs.to_json(), sys.stdout, indent=2, default=str)
         print()
         raise typer.Exit(0)
-    eng = _engine("reconcile", path, select, ignore, fail_on, severity, config, isolated, debug)
-    flow.run(view, eng, simulate=simulate or fix)
-    if fix:
-        plan = view.plan
-        if plan.safe:
-            written, backup, change = flow.fix(view, fix_output)
-            if not quiet:
-                print(f"ckptdoctor: fixed {written}: {change}" + (f" (backup: {backup})" if backup else ""),
-                      file=sys.stderr)
-            before = eng.report.facts
-            if fix_output:
-                eng.report.facts["fixed"] = {"file": written, "backup": None, "change": change}
-            else:  # judge the repaired state, keep the simulation that justified the write
-                view = flow.load(path, profile, map_ or [], steps)
-                eng = _engine("reconcile", path, select, ignore, fail_on, severity, config, isolated, debug)
-                flow.run(view, eng, simulate=True)
-                eng.report.facts["fixed"] = {"file": written, "backup": backup, "change": change}
-                eng.report.facts["simulation_before_fix"] = before.get("simulation")
-        elif not quiet:
-            print(f"ckptdoctor: reconcile --fix: no automatic repair: {plan.reason}", file=sys.stderr)
+    c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet)
+    eng = flow.run_and_fix(path, lambda: _engine("reconcile", path, c), profile=profile, maps=map_ or [],
+                           steps=steps, simulate=simulate, fix_it=fix, fix_output=fix_output,
+                           say=lambda line: quiet or print(f"ckptdoctor: {line}", file=sys.stderr))
     _finish(eng, format)
 
 
@@ -290,8 +280,9 @@ def preflight(
     from .commands import preflight as flow
     if node and not local:
         raise UsageError("--node only makes sense with --local")
-    alloc = flow.allocation(nodelist, ranks_per_node, rank_map)
-    eng = _engine("preflight", location, select, ignore, fail_on, severity, config, isolated, debug)
+    c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet)
+    eng = _engine("preflight", location, c, {"ranks_per_node": ranks_per_node})
+    alloc = flow.allocation(nodelist, eng.opt("ranks_per_node"), rank_map)
     flow.run(location, eng, alloc, local=local, node=node)
     _finish(eng, format)
 

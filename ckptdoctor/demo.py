@@ -50,7 +50,7 @@ def build_run(root: str) -> dict[str, str]:
 
 
 def run_demo(directory: str | None, fmt: str = "text") -> int:
-    from .cli import _engine
+    from .api import make_engine
     from .commands import verify as flow
     from .report import render
     root = directory or tempfile.mkdtemp(prefix="ckptdoctor-demo-")
@@ -62,7 +62,7 @@ def run_demo(directory: str | None, fmt: str = "text") -> int:
         for k, v in faults.items():
             out.write(f"  injected fault in {k}: {v}\n")
         out.write(f"\n$ ckptdoctor verify {run}\n")
-    eng = _engine("verify", run, None, None, None, None, None, True, False)
+    eng = make_engine("verify", run)
     flow.run(run, eng)
     render(eng.report, fmt, out)
     if fmt == "text":
@@ -85,8 +85,7 @@ def run_demo(directory: str | None, fmt: str = "text") -> int:
         out.write(f"\n$ ckptdoctor manifest {good}      # done before the fault below\n"
                   f"# injected fault: one bit flipped in {shard} (same size, structure intact)\n"
                   f"$ ckptdoctor verify --checksums {good}\n")
-    eng2 = _engine("verify", good, None, None, None, None, None, True, False)
-    eng2.options.update(checksums=True, quiet=True)
+    eng2 = make_engine("verify", good, checksums=True)
     flow.run(good, eng2)
     render(eng2.report, fmt, out)
     caught = caught and "CKD151" in eng2.report.rules()
@@ -132,7 +131,7 @@ def build_rl_step(root: str) -> str:
 
 
 def _reconcile_scene(root: str, fmt: str, out) -> bool:
-    from .cli import _engine
+    from .api import make_engine
     from .commands import reconcile as flow
     from .report import render
     step = build_rl_step(os.path.join(root, "nemo-rl-run"))
@@ -141,13 +140,13 @@ def _reconcile_scene(root: str, fmt: str, out) -> bool:
                   f"4 finished groups for step 7,\n# and a dataloader that had already pulled batch 8\n"
                   f"$ ckptdoctor reconcile --simulate {step}\n")
     view = flow.load(step, None, [])
-    eng = _engine("reconcile", step, None, None, None, None, None, True, False)
+    eng = make_engine("reconcile", step)
     flow.run(view, eng, simulate=True)
     render(eng.report, fmt, out)
     found = "CKD303" in eng.report.rules()
     written, backup, change = flow.fix(view)
     view = flow.load(step, None, [])
-    eng2 = _engine("reconcile", step, None, None, None, None, None, True, False)
+    eng2 = make_engine("reconcile", step)
     flow.run(view, eng2, simulate=True)
     if fmt == "text":
         out.write(f"\n$ ckptdoctor reconcile --fix {step}\n# {change}; backup {os.path.basename(backup)}\n")
@@ -157,7 +156,7 @@ def _reconcile_scene(root: str, fmt: str, out) -> bool:
 
 def _publish_scene(root: str, run: str, fmt: str, out) -> bool:
     """publish refuses the truncated checkpoint, publishes a good one whole, moves the tracker."""
-    from .cli import _engine
+    from .api import make_engine
     from .commands import publish as flow
     from .commands import verify as vflow
     from .report import render
@@ -171,12 +170,11 @@ def _publish_scene(root: str, run: str, fmt: str, out) -> bool:
             out.write("\n# scene 4: publish from node-local disk to durable storage\n" if name == "iter_0000300"
                       else "\n")
             out.write(f"$ ckptdoctor publish {src} {durable}\n")
-        eng = _engine("publish", src, None, None, None, None, None, True, False)
+        eng = make_engine("publish", src)
         res = flow.run(src, durable, eng, quiet=True)
         render(eng.report, fmt, out)
         ok = ok and ((res is None) if name == "iter_0000300" else (res is not None and res.status == "published"))
-    eng = _engine("verify", durable, None, None, None, None, None, True, False)
-    eng.options.update(checksums=True, quiet=True)
+    eng = make_engine("verify", durable, checksums=True)
     if fmt == "text":
         out.write(f"\n$ ckptdoctor verify --checksums {durable}\n")
     vflow.run(durable, eng)
@@ -187,7 +185,7 @@ def _publish_scene(root: str, run: str, fmt: str, out) -> bool:
 def _preflight_scene(root: str, fmt: str, out) -> bool:
     """Node-local shards on gpu[01-02]; the relaunch swaps gpu02 for gpu03."""
     import shutil
-    from .cli import _engine
+    from .api import make_engine
     from .commands import preflight as flow
     from .report import render
     src = os.path.join(root, "nvme-save", "iter_0000100")
@@ -208,7 +206,7 @@ def _preflight_scene(root: str, fmt: str, out) -> bool:
     if fmt == "text":
         out.write("\n# scene 5: node-local checkpoints on gpu[01-02]; the relaunch got gpu[01,03]\n"
                   f"$ ckptdoctor preflight '{loc}' --nodelist 'gpu[01,03]' --ranks-per-node 2\n")
-    eng = _engine("preflight", loc, None, None, None, None, None, True, False)
+    eng = make_engine("preflight", loc)
     flow.run(loc, eng, flow.allocation("gpu[01,03]", "2", None))
     render(eng.report, fmt, out)
     return "CKD401" in eng.report.rules() and "CKD406" in eng.report.rules()

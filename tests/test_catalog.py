@@ -37,10 +37,20 @@ def test_catalog_entries_are_well_formed():
         assert len(r.why) > 40 and len(r.fix) > 10 and r.summary
 
 
-def test_layouts_reference_existing_layouts_and_valid_regexes():
+def test_family_step_names_and_trackers_round_trip():
+    """Each family's step naming builds names it parses back, and a tracker it writes names the
+    checkpoint it was written for (what publish writes, verify and preflight read)."""
+    from ckptdoctor.layouts import trackers
     ls = layouts()
-    for l in ls.values():
+    runs = [l for l in ls.values() if l.scope == "run"]
+    assert {l.family for l in runs} >= {"megatron", "verl", "deepspeed", "torchtitan", "nemo-rl", "hf-trainer", "orbax"}
+    for l in runs:
         for n in l.checkpoint_layouts:
             assert n in ls and ls[n].scope == "checkpoint", (l.name, n)
-        if l.checkpoint_dirs:
-            assert l.dir_re.groups >= 0
+        for step in (0, 7, 300, 1234567):
+            name = l.steps.build(step)
+            assert l.steps.step(name) == step, (l.name, name)
+            assert not l.steps.matches(name + "\n") and not l.steps.matches("x" + name), (l.name, name)
+            if l.tracker and l.tracker.content:
+                text = trackers.render(l, name).encode()
+                assert trackers.parse(l, text).target == name, (l.name, text)

@@ -91,6 +91,10 @@ def test_absurd_header_length_is_a_finding_not_an_allocation(tmp_path):
 
 
 def test_fuzz_index_and_manifest_and_tracker():
+    from ckptdoctor.layouts.spec import run_layouts
+    trackers_under_test = [l for l in run_layouts() if l.tracker]
+    assert {l.tracker.parse for l in trackers_under_test} == {"int", "int-or-release", "tag", "json:last_checkpoint_step"}
+
     @given(st.binary(max_size=300) | st.text(max_size=200).map(str.encode))
     def run(data):
         for fn, errs in ((stf.parse_index, (stf.HeaderError,)),
@@ -100,9 +104,9 @@ def test_fuzz_index_and_manifest_and_tracker():
                 fn(data)
             except errs:
                 pass
-        for kind in ("int", "int-or-release", "tag", "json:step"):
-            v = trackers.parse({"parse": kind}, data, lambda s: f"iter_{s}")
-            assert v.target is None or isinstance(v.target, str)
+        for lay in trackers_under_test:
+            v = trackers.parse(lay, data)
+            assert v.target is None or (isinstance(v.target, str) and v.problem is None)
     run()
 
 
@@ -285,7 +289,8 @@ def test_a_shard_disappearing_while_read(real):
     from ckptdoctor.commands import verify as flow
     from ckptdoctor.io.fs import open_location
     ck_dir = real("megatron_run") / "iter_0000200"
-    kind, ck = flow.build(open_location(str(ck_dir)), None)
+    from ckptdoctor.layouts.locate import locate
+    ck = locate(open_location(str(ck_dir))).checkpoint
     ck.entries  # the listing happens now ...
     gone = next(ck_dir.glob("__0_*.distcp"))
     gone.unlink()  # ... and the file disappears before the checks read it

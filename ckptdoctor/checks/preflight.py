@@ -113,6 +113,15 @@ def node_set_changed(pf, eng):
 @check("CKD406", "preflight")
 def resume_unreachable(pf, eng):
     best = pf.newest_reachable()
+    if pf.dangling:
+        node, named = pf.dangling
+        yield Hit(pf.display, f"the tracker on node {node} names {named}, which does not exist there: the "
+                  f"job would fail to load (or start from scratch); newest checkpoint every rank can read: "
+                  f"{best or 'none'}", details={"resume_from": None, "tracker_names": named, "node": node,
+                                                  "newest_reachable": best},
+                  hint=(f"point the tracker at {best} or restore the missing checkpoint" if best else
+                        "restore the missing checkpoint; nothing is readable by every rank"))
+        return
     if pf.target is None:
         if not best and (pf.verdicts or pf.nvrx):
             yield Hit(pf.display, "no checkpoint is readable by every rank of this allocation",

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from ..engine.finding import Hit
 from ..engine.registry import check
 from ..io import hashing
+from ..io.fs import TreeLimit, walk_files
 from ..layouts import manifest as mf
 
 
@@ -23,28 +24,21 @@ class ContentResult:
     extra: list[tuple[str, str]] = field(default_factory=list)
     units: int = 0
     bytes: int = 0
-
-
-def _walk(ck, rel="", depth=0) -> dict[str, int]:
-    out = {}
-    for e in ck.storage.listdir(ck.storage.join(ck.rel, rel)):
-        sub = f"{rel}/{e.name}" if rel else e.name
-        if e.is_dir and depth < 8:
-            out.update(_walk(ck, sub, depth + 1))
-        elif not e.is_dir:
-            out[sub] = e.size
-    return out
+    walk_error: str | None = None      # the tree could not be walked whole (reported as CKD901)
 
 
 def content(ck, eng) -> ContentResult | None:
     if not eng.opt("checksums"):
         return None
-    cache = eng.cache.setdefault("content", {})
-    if ck.display in cache:
-        return cache[ck.display]
-    res = ContentResult()
-    cache[ck.display] = res
-    on_disk = _walk(ck)
+    if "content" in ck.results:
+        return ck.results["content"]
+    res = ck.results["content"] = ContentResult()
+    try:
+        on_disk = walk_files(ck.storage, ck.rel)
+    except TreeLimit as exc:  # fail closed: what was not walked is not verified
+        eng.emit("CKD901", Hit(ck.display, f"--checksums: {exc}", details={"limit": str(exc)}))
+        res.walk_error = str(exc)
+        return res
     k, n = eng.opt("slice", (0, 1))
     work: list[tuple[hashing.Unit, mf.Expected, str]] = []
     for source in (mf.NAME, mf.INTEGRITY):
@@ -75,8 +69,7 @@ def content(ck, eng) -> ContentResult | None:
     res.units = len(work)
     res.bytes = sum(w[0].length for w in work)
     if work:
-        from ..report.progress import Progress
-        prog = Progress(res.bytes, f"hashing {ck.name}", enabled=not eng.opt("quiet", False))
+        prog = eng.progress(res.bytes, f"hashing {ck.name}")
         st = ck.storage.sub(ck.rel) if ck.rel else ck.storage  # units are relative to the checkpoint
         digests = hashing.hash_units(st, [w[0] for w in work], eng.opt("workers"), prog)
         prog.close()
@@ -94,7 +87,7 @@ def content(ck, eng) -> ContentResult | None:
 @check("CKD150", "checkpoint")
 def manifest_missing(ck, eng):
     res = content(ck, eng)
-    if res is not None and not res.sources:
+    if res is not None and not res.sources and res.walk_error is None:
         yield Hit(ck.display, f"--checksums: no {mf.NAME} (or {mf.INTEGRITY}) in this checkpoint, so its "
                               f"content cannot be verified", details={"expected": [mf.NAME, mf.INTEGRITY]},
                   hint="write one from a known-good copy with `ckptdoctor manifest PATH` (or publish with "

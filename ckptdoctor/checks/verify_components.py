@@ -115,12 +115,11 @@ def _list(xs: list[int]) -> str:
 
 @check("CKD124", "run")
 def temp_leftover(run, eng):
-    pats = run.layout.temp_dirs
+    pats = run.layout.staging_globs
     if not pats:
         return
     target = run.resume_target
-    _, _, tv = run.tracker
-    named = tv.target if tv is not None and not tv.problem else None
+    named = run.tracker.target
     done = run.newest_complete()
     for name, e in sorted(run.entries.items()):
         if not e.is_dir or not match_any(name, pats):

@@ -21,7 +21,7 @@ EXPERT_CONFIG_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "m
 def _md(ck):
     if ck.layout.reader != "dcp":
         return None
-    return ck.dcp[0]
+    return ck.dcp.metadata
 
 
 def _mdpath(ck) -> str:
@@ -40,7 +40,7 @@ def _ends(md) -> dict[str, int]:
 def metadata_unreadable(ck, eng):
     if ck.layout.reader != "dcp":
         return
-    for p in ck.dcp[1]:
+    for p in ck.dcp.problems:
         yield Hit(ck.path(p.file), f"cannot read DCP metadata: {p.message}",
                   details={"file": p.file, "refused_global": p.refused_global},
                   hint="a hostile or corrupt .metadata; nothing from it was executed" if p.refused_global

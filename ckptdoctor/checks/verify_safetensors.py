@@ -9,10 +9,9 @@ MAX_INDEX_BYTES = 256 << 20
 
 
 def headers(ck, eng) -> dict[str, stf.Header | str]:
-    """name -> Header, or the one-line reason the loader would reject the file (cached per run)."""
-    cache = eng.cache.setdefault("safetensors", {})
-    if ck.display in cache:
-        return cache[ck.display]
+    """name -> Header, or the one-line reason the loader would reject the file (read once per view)."""
+    if "safetensors" in ck.results:
+        return ck.results["safetensors"]
     out: dict[str, stf.Header | str] = {}
     for name, e in sorted(ck.files.items()):
         if not name.endswith(".safetensors"):
@@ -24,7 +23,7 @@ def headers(ck, eng) -> dict[str, stf.Header | str]:
             out[name] = str(exc)
         except OSError as exc:
             out[name] = f"cannot read: {exc.strerror or exc}"
-    cache[ck.display] = out
+    ck.results["safetensors"] = out
     return out
 
 

@@ -7,72 +7,73 @@ from ..engine.registry import check
 
 @check("CKD111", "run")
 def tracker_missing(run, eng):
-    spec, e, val = run.tracker
-    if not spec or e is not None or spec.get("monitoring"):
+    t = run.tracker
+    spec = t.spec
+    if spec is None or t.entry is not None or spec.monitoring:
         return
     done = run.newest_complete()
     if done:
-        yield Hit(run.storage.show(spec["file"]),
-                  f"tracker {spec['file']} is missing while complete checkpoints exist "
+        yield Hit(run.storage.show(spec.file),
+                  f"tracker {spec.file} is missing while complete checkpoints exist "
                   f"(newest {done.name}): the framework will silently start from step 0",
-                  details={"tracker": spec["file"], "newest_complete": done.name},
+                  details={"tracker": spec.file, "newest_complete": done.name},
                   hint=f"write the tracker atomically: ckptdoctor publish, or echo the step of "
-                       f"{done.name} into {spec['file']} (temp file + rename)")
+                       f"{done.name} into {spec.file} (temp file + rename)")
 
 
 @check("CKD112", "run")
 def tracker_unparsable(run, eng):
-    spec, e, val = run.tracker
+    spec, val = run.tracker.spec, run.tracker.value
     if val is not None and val.problem:
-        yield Hit(run.storage.show(spec["file"]), f"{spec['file']}: {val.problem}",
-                  severity="warning" if spec.get("monitoring") else None,
-                  details={"tracker": spec["file"], "content": val.raw[:80]},
-                  hint=spec.get("unparsable_hint", "the framework cannot read it (Megatron even exits 0); "
-                                                   "rewrite it to name a complete checkpoint"))
+        yield Hit(run.storage.show(spec.file), f"{spec.file}: {val.problem}",
+                  severity="warning" if spec.monitoring else None,
+                  details={"tracker": spec.file, "content": val.raw[:80]},
+                  hint="the framework cannot read it (Megatron even exits 0); rewrite it to name a "
+                       "complete checkpoint")
 
 
 @check("CKD113", "run")
 def tracker_dangling(run, eng):
-    spec, e, val = run.tracker
+    spec, val = run.tracker.spec, run.tracker.value
     if val is None or val.problem or val.target is None:
         return
     names = {c.name: c for c in run.checkpoints}
     done = run.newest_complete()
     instead = f"; newest complete checkpoint is {done.name}" if done else "; no complete checkpoint exists"
-    if spec.get("monitoring"):  # a status file the framework does not resume from
+    if spec.monitoring:  # a status file the framework does not resume from
         if val.target not in names:
-            yield Hit(run.storage.show(spec["file"]), f"{spec['file']} names {val.target}, which does not exist "
+            yield Hit(run.storage.show(spec.file), f"{spec.file} names {val.target}, which does not exist "
                       f"(it is written before the background rename finishes); the framework resumes from "
                       f"{run.resume_target or 'nothing'}", severity="warning",
-                      details={"tracker": spec["file"], "target": val.target, "monitoring": True},
+                      details={"tracker": spec.file, "target": val.target, "monitoring": True},
                       hint="do not trust the status file for the resume step; check the save that died")
         return
     if val.target not in names:
-        yield Hit(run.storage.show(spec["file"]), f"tracker names {val.target}, which does not exist"
+        yield Hit(run.storage.show(spec.file), f"tracker names {val.target}, which does not exist"
                                                   + instead,
-                  details={"tracker": spec["file"], "target": val.target,
+                  details={"tracker": spec.file, "target": val.target,
                            "newest_complete": done.name if done else None},
                   hint="repoint the tracker at a complete checkpoint" if done else None)
     elif not run.status[val.target].complete:
         st = run.status[val.target]
-        yield Hit(run.storage.show(spec["file"]), f"tracker names {val.target}, which is incomplete "
+        yield Hit(run.storage.show(spec.file), f"tracker names {val.target}, which is incomplete "
                                                   f"({', '.join(st.reasons[:3])})" + instead,
-                  details={"tracker": spec["file"], "target": val.target, "why": st.reasons,
+                  details={"tracker": spec.file, "target": val.target, "why": st.reasons,
                            "newest_complete": done.name if done else None},
                   hint="repoint the tracker at a complete checkpoint" if done else None)
 
 
 @check("CKD114", "run")
 def tracker_behind(run, eng):
-    spec, e, val = run.tracker
-    if val is None or val.problem or val.target is None or spec.get("monitoring"):
+    spec, val = run.tracker.spec, run.tracker.value
+    if val is None or val.problem or val.target is None or spec.monitoring:
         return
     by_name = {c.name: c for c in run.checkpoints}
     cur = by_name.get(val.target)
     done = run.newest_complete()
     if cur is not None and done is not None and cur.step is not None and done.step > cur.step:
-        yield Hit(run.storage.show(spec["file"]),
+        yield Hit(run.storage.show(spec.file),
                   f"tracker names {cur.name} but {done.name} is newer and complete",
-                  details={"tracker": spec["file"], "target": cur.name, "newest_complete": done.name},
+                  details={"tracker": spec.file, "target": cur.name, "newest_complete": done.name},
                   hint=f"the run will redo {done.step - cur.step} steps; repoint the tracker if "
                        f"{done.name} is the one you want")

@@ -5,13 +5,12 @@ import datetime
 import os
 
 from .. import __version__
-from ..checks.verify_checksums import _walk
 from ..engine.errors import InputError, UsageError
 from ..io import atomic, hashing
-from ..io.fs import open_location
+from ..io.fs import TreeLimit, open_location, walk_files
 from ..layouts import manifest as mf
 from ..report.progress import Progress
-from .verify import build
+from ..layouts.locate import locate
 
 
 def write_manifest(path: str, *, workers: int | None = None, quiet: bool = False,
@@ -19,14 +18,16 @@ def write_manifest(path: str, *, workers: int | None = None, quiet: bool = False
     st = open_location(path)
     if not st.local:
         raise UsageError(f"{path}: writing manifests to object stores is done by `ckptdoctor publish`")
-    what = build(st, None)
-    if what is None or what[0] != "checkpoint":
+    ck = locate(st).checkpoint
+    if ck is None:
         raise UsageError(f"{path}: not a checkpoint directory (give one checkpoint, not a run root)")
-    ck = what[1]
     target = os.path.join(st.abspath(""), mf.NAME)
     if os.path.exists(target):
         raise UsageError(f"{target}: already exists; refusing to replace a manifest")
-    files = {rel: size for rel, size in _walk(ck).items() if rel != mf.NAME}
+    try:
+        files = {rel: size for rel, size in walk_files(st).items() if rel != mf.NAME}
+    except TreeLimit as exc:
+        raise InputError(str(exc)) from None
     units = [u for rel, size in files.items() for u in hashing.units_for(rel, size, chunk=chunk_bytes)]
     total = sum(files.values())
     prog = Progress(total, f"hashing {ck.name}", enabled=not quiet)

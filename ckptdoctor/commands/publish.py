@@ -6,8 +6,8 @@ import os
 from ..engine.errors import InputError, UsageError
 from ..engine.runner import Engine
 from ..io.fs import open_location
+from ..layouts.locate import locate
 from ..publishing import flow as pf
-from ..report.progress import Progress
 from . import verify as vflow
 
 
@@ -20,10 +20,9 @@ def run(src: str, dest_root: str, engine: Engine, *, name: str | None = None, fo
     src = src[len("file://"):] if src.startswith("file://") else src
     src = os.path.abspath(src)
     st = open_location(src)
-    what = vflow.build(st, None)
-    if what is None or what[0] != "checkpoint":
+    ck = locate(st).checkpoint
+    if ck is None:
         raise UsageError(f"{src}: not a checkpoint directory (give one checkpoint, not a run root)")
-    ck = what[1]
     status = vflow.check_checkpoint(engine, ck)
     rep = engine.report
     rep.facts["source"] = {"path": src, "layout": ck.layout.name, "complete": status.complete}
@@ -39,12 +38,9 @@ def run(src: str, dest_root: str, engine: Engine, *, name: str | None = None, fo
     if keep_every is not None and keep_every < 1:
         raise UsageError("--keep-every must be at least 1")
 
-    def progress(total, label):
-        return Progress(total, label, enabled=not quiet)
-
     markers = {m for group in ck.layout.markers for m in group}
     common = dict(replace=replace, tracker=tracker, keep_last=keep_last, keep_every=keep_every,
-                  workers=workers, progress_factory=progress)
+                  workers=workers, progress_factory=engine.progress)
     try:
         if pf.is_remote(dest_root):
             res = pf.publish_remote(src, dest_root, name, markers, ck.layout.name, **common)

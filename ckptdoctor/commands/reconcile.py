@@ -14,6 +14,7 @@ from ..engine.errors import InputError, UsageError
 from ..engine.runner import Engine
 from ..io.atomic import replace_file, write_new
 from ..io.fs import LocalStorage, Storage, open_location
+from ..layouts.locate import locate
 from ..runstate import profiles as prof
 from ..runstate.positions import Positions, RepairPlan, plan_repair
 from ..runstate.schema import RunState
@@ -62,10 +63,9 @@ def load(location: str, profile: str | None, maps: list[str], steps: int = 4) ->
         return ReconcileView(rs, st, None, st.show(base), state_file=base, steps=steps)
     st = open_location(location)
     files = {e.name for e in st.listdir("") if not e.is_dir}
-    dirs = {e.name for e in st.listdir("") if e.is_dir}
     chosen = prof.profiles()[profile] if profile else prof.detect(files)
-    if chosen is None:  # maybe a run root: pick the newest finished step as the framework does
-        step_dir = _newest_step(dirs)
+    if chosen is None:  # maybe a run root: the step the framework resumes from (its family's rule)
+        step_dir = _resume_step(st)
         if step_dir is not None:
             sub = st.sub(step_dir)
             sfiles = {e.name for e in sub.listdir("") if not e.is_dir}
@@ -86,13 +86,15 @@ def _is_dir(location: str) -> bool:
     return os.path.isdir(location) if "://" not in location else False
 
 
-def _newest_step(dirs: set[str]) -> str | None:
-    best = None
-    for d in dirs:
-        m = re.fullmatch(r"step_(\d+)", d)
-        if m and (best is None or int(m.group(1)) > best[0]):
-            best = (int(m.group(1)), d)
-    return best[1] if best else None
+def _resume_step(st: Storage) -> str | None:
+    frameworks = {p.framework for p in prof.profiles().values()}
+    try:
+        found = locate(st)
+    except OSError:
+        return None
+    if found.run is None or found.run.layout.family not in frameworks:
+        return None
+    return found.run.resume_target
 
 
 def _parent(location: str) -> Storage | None:
@@ -124,6 +126,33 @@ def run(view: ReconcileView, engine: Engine, simulate: bool = False) -> None:
 
 
 # ---- --fix ----------------------------------------------------------------------------------
+def run_and_fix(location: str, make_engine, *, profile: str | None, maps: list[str], steps: int,
+                simulate: bool, fix_it: bool, fix_output: str | None, say) -> Engine:
+    """The whole subcommand: judge, and with `fix_it` apply the proven-safe repair, then judge the
+    repaired state again (keeping the simulation that justified the write).  `make_engine()` gives a
+    fresh engine per judgement; `say(line)` reports to the user.  Returns the engine whose report
+    is the verdict."""
+    view = load(location, profile, maps, steps)
+    eng = make_engine()
+    run(view, eng, simulate=simulate or fix_it)
+    if not fix_it:
+        return eng
+    if not view.plan.safe:
+        say(f"reconcile --fix: no automatic repair: {view.plan.reason}")
+        return eng
+    written, backup, change = fix(view, fix_output)
+    say(f"fixed {written}: {change}" + (f" (backup: {backup})" if backup else ""))
+    if fix_output:
+        eng.report.facts["fixed"] = {"file": written, "backup": None, "change": change}
+        return eng
+    before = eng.report.facts
+    eng = make_engine()
+    run(load(location, profile, maps, steps), eng, simulate=True)
+    eng.report.facts["fixed"] = {"file": written, "backup": backup, "change": change}
+    eng.report.facts["simulation_before_fix"] = before.get("simulation")
+    return eng
+
+
 def fix(view: ReconcileView, output: str | None = None) -> tuple[str, str | None, str]:
     """Apply the safe cursor repair.  Returns (written file, backup or None, message)."""
     plan = view.plan

@@ -18,17 +18,50 @@ KEYS = {"select", "ignore", "extend-select", "fail-on", "severity", "verify", "p
         "preflight"}
 
 
+@dataclass(frozen=True)
+class Option:
+    """One typed key of a per-subcommand table; the command-line option of the same name wins."""
+    type: type
+    minimum: float | None = None
+    help: str = ""
+
+    def check(self, value: Any, where: str) -> Any:
+        ok = isinstance(value, self.type) and not (self.type is not bool and isinstance(value, bool))
+        if self.type is float and isinstance(value, int) and not isinstance(value, bool):
+            value, ok = float(value), True
+        if not ok:
+            raise UsageError(f"{where}: expected {_TYPE_NAMES[self.type]}, got {type(value).__name__} "
+                             f"{value!r}")
+        if self.minimum is not None and value < self.minimum:
+            raise UsageError(f"{where}: must be at least {self.minimum:g}, got {value!r}")
+        return value
+
+
+_TYPE_NAMES = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}
+
+# Every key a [verify] / [publish] / [reconcile] / [preflight] table may hold.  Unknown keys and
+# wrong types are errors (exit 2) naming the file, table and key: a typo never silently does nothing.
+OPTIONS: dict[str, dict[str, Option]] = {
+    "verify": {"mtime-tolerance": Option(float, 0, "seconds a shard may be newer than its marker"),
+               "num-experts": Option(int, 1, "expected expert count (CKD109)"),
+               "checksums": Option(bool, None, "always re-hash against the manifest"),
+               "workers": Option(int, 1, "hashing threads")},
+    "publish": {"workers": Option(int, 1, "parallel file copies"),
+                "keep-last": Option(int, 1, "retention: keep the newest K"),
+                "keep-every": Option(int, 1, "retention: also keep every M-th step")},
+    "reconcile": {"steps": Option(int, 1, "trainer steps to simulate")},
+    "preflight": {"ranks-per-node": Option(str, None, "ranks per node, N or Slurm's '4(x3),2'")},
+}
+
+
 @dataclass
 class Settings:
     select: list[str] = field(default_factory=lambda: ["ALL"])
     ignore: list[str] = field(default_factory=list)
     fail_on: str = "error"
     severity: dict[str, str] = field(default_factory=dict)
-    options: dict[str, dict[str, Any]] = field(default_factory=dict)  # per-subcommand tables
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)  # per-subcommand tables, validated
     source: str | None = None
-
-    def option(self, command: str, key: str, default=None):
-        return self.options.get(command, {}).get(key, default)
 
 
 def _read_toml(path: Path, table: str | None) -> dict[str, Any] | None:
@@ -90,14 +123,28 @@ def apply(s: Settings, doc: dict[str, Any], source: str) -> None:
     if "ignore" in doc:
         s.ignore = _strlist(doc["ignore"], source, "ignore")
     if "fail-on" in doc:
-        s.fail_on = str(doc["fail-on"])
+        if doc["fail-on"] not in ("error", "warning", "info"):
+            raise UsageError(f"{source}: fail-on {doc['fail-on']!r}: use error, warning or info")
+        s.fail_on = doc["fail-on"]
     if "severity" in doc:
         if not isinstance(doc["severity"], dict):
             raise UsageError(f"{source}: 'severity' must be a table of RULE = \"error|warning|info\"")
+        for k, v in doc["severity"].items():
+            if v not in ("error", "warning", "info"):
+                raise UsageError(f"{source}: [severity] {k} = {v!r}: use error, warning or info")
         s.severity.update({str(k): str(v) for k, v in doc["severity"].items()})
-    for cmd in ("verify", "publish", "reconcile", "preflight"):
-        if isinstance(doc.get(cmd), dict):
-            s.options[cmd] = {k.replace("-", "_"): v for k, v in doc[cmd].items()}
+    for cmd, known in OPTIONS.items():
+        if cmd not in doc:
+            continue
+        table = doc[cmd]
+        if not isinstance(table, dict):
+            raise UsageError(f"{source}: [{cmd}] must be a table")
+        opts: dict[str, Any] = {}
+        for k, v in table.items():
+            if k not in known:
+                raise UsageError(f"{source}: [{cmd}] unknown key {k!r} (known: {', '.join(sorted(known))})")
+            opts[k.replace("-", "_")] = known[k].check(v, f"{source}: [{cmd}] {k}")
+        s.options[cmd] = opts
     s.source = source
 
 

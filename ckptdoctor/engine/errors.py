@@ -32,7 +32,3 @@ class TransientError(CkptDoctorError):
     """Storage unreachable or timed out: the checkpoint was not judged either way."""
     exit_code = EXIT_TEMPFAIL
 
-
-class NotLanded(CkptDoctorError):
-    """A subcommand whose issue has not landed yet: never a fake result."""
-    exit_code = EXIT_USAGE

@@ -41,6 +41,7 @@ class Report:
     # Free-form facts for renderers (e.g. the run-root table, resume target); part of JSON output.
     facts: dict[str, Any] = field(default_factory=dict)
     fail_on: str = "error"
+    config: str | None = None  # the config file that applied, if any
 
     @property
     def summary(self) -> dict[str, int]:
@@ -57,6 +58,6 @@ class Report:
         return {f.rule for f in self.findings}
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": 1, "command": self.command, "target": self.target,
+        return {"version": 1, "command": self.command, "target": self.target, "config": self.config,
                 "findings": [f.to_json() for f in self.findings], "summary": self.summary,
                 "facts": self.facts}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import traceback
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .catalog import catalog
 from .errors import TransientError
@@ -16,16 +16,29 @@ log = logging.getLogger("ckptdoctor")
 _CRASH = os.environ.get("CKPTDOCTOR_TEST_CRASH")
 
 
+class _NoProgress:
+    def __call__(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class Engine:
     def __init__(self, command: str, target: str, selection: Selection, fail_on: str = "error",
-                 options: dict[str, Any] | None = None, debug: bool = False):
+                 options: dict[str, Any] | None = None, debug: bool = False,
+                 progress: Callable[[int, str], Any] | None = None):
         self.report = Report(command=command, target=target, fail_on=fail_on)
         self.selection = selection
         self.options = options or {}
         self.debug = debug
         self.internal_errors = 0
         self._seen: set[tuple] = set()
-        self.cache: dict[str, dict] = {}  # per-run results shared between checks, by area
+        self._progress = progress  # (total_bytes, label) -> a callable taking byte counts, with close()
+
+    def progress(self, total: int, label: str):
+        """A progress sink for a long step; silent unless the caller (the CLI) supplied one."""
+        return self._progress(total, label) if self._progress else _NoProgress()
 
     def opt(self, key: str, default=None):
         v = self.options.get(key)

@@ -26,6 +26,7 @@ class Entry:
     mtime: float | None
     is_dir: bool
     is_link: bool = False
+    is_file: bool = True   # a regular file (False: FIFO, socket, device; or a directory)
 
 
 def is_url(location: str) -> bool:
@@ -101,7 +102,8 @@ class LocalStorage(Storage):
                         out.append(Entry(de.name, 0, None, False, True))
                         continue
                     raise
-                out.append(Entry(de.name, st.st_size, st.st_mtime, stat_mod.S_ISDIR(st.st_mode), is_link))
+                out.append(Entry(de.name, st.st_size, st.st_mtime, stat_mod.S_ISDIR(st.st_mode), is_link,
+                                 stat_mod.S_ISREG(st.st_mode)))
         return out
 
     def stat(self, rel: str) -> Entry | None:
@@ -109,7 +111,8 @@ class LocalStorage(Storage):
             st = os.stat(self.abspath(rel))
         except FileNotFoundError:
             return None
-        return Entry(posixpath.basename(rel), st.st_size, st.st_mtime, stat_mod.S_ISDIR(st.st_mode))
+        return Entry(posixpath.basename(rel), st.st_size, st.st_mtime, stat_mod.S_ISDIR(st.st_mode),
+                     False, stat_mod.S_ISREG(st.st_mode))
 
     def open(self, rel: str) -> IO[bytes]:
         return open(self.abspath(rel), "rb")
@@ -150,7 +153,7 @@ class FsspecStorage(Storage):
             if it["name"].rstrip("/") == base.rstrip("/"):
                 continue
             is_dir = it.get("type") == "directory"
-            out.append(Entry(name, int(it.get("size") or 0), _mtime(it), is_dir))
+            out.append(Entry(name, int(it.get("size") or 0), _mtime(it), is_dir, False, not is_dir))
         return out
 
     def stat(self, rel: str) -> Entry | None:
@@ -158,8 +161,8 @@ class FsspecStorage(Storage):
             it = self.fs.info(self._p(rel))
         except FileNotFoundError:
             return None
-        return Entry(posixpath.basename(rel), int(it.get("size") or 0), _mtime(it),
-                     it.get("type") == "directory")
+        is_dir = it.get("type") == "directory"
+        return Entry(posixpath.basename(rel), int(it.get("size") or 0), _mtime(it), is_dir, False, not is_dir)
 
     def open(self, rel: str) -> IO[bytes]:
         return self.fs.open(self._p(rel), "rb")
@@ -169,6 +172,58 @@ class FsspecStorage(Storage):
 
     def sub(self, rel: str) -> "FsspecStorage":
         return FsspecStorage(f"{self.url}/{rel}", fs=self.fs)
+
+
+# The one tree walker (checksums, manifest, preflight read sets, publish).  Checkpoints are a few
+# levels deep; the caps exist only so a hostile tree (a 1,500-deep chain, millions of empty
+# files) cannot exhaust memory or time, and hitting one is an error the caller reports.
+MAX_TREE_DEPTH = 64
+MAX_TREE_ENTRIES = 4_000_000
+
+
+class TreeLimit(OSError):
+    """A walk stopped at a safety cap: what lies beyond was not seen."""
+
+
+@dataclass
+class Tree:
+    dirs: list[str]
+    files: dict[str, Entry]     # relative path ('/'-separated) -> entry (anything not a directory)
+    dir_links: list[str]        # symlinks to directories: listed, never followed
+
+    def sizes(self) -> dict[str, int]:
+        return {r: e.size for r, e in self.files.items()}
+
+
+def walk(st: Storage, rel: str = "") -> Tree:
+    """Every directory and non-directory below `rel`, paths relative to it.  Listing errors are
+    raised (never skipped); symlinked directories are not followed (reported as entries)."""
+    tree = Tree([], {}, [])
+    stack = [("", 0)]
+    seen = 0
+    while stack:
+        sub, depth = stack.pop()
+        for e in sorted(st.listdir(st.join(rel, sub)), key=lambda e: e.name):
+            seen += 1
+            if seen > MAX_TREE_ENTRIES:
+                raise TreeLimit(f"{st.show(rel)}: more than {MAX_TREE_ENTRIES} entries; not walked further")
+            p = f"{sub}/{e.name}" if sub else e.name
+            if e.is_dir and e.is_link:
+                tree.dir_links.append(p)
+            elif e.is_dir:
+                if depth + 1 > MAX_TREE_DEPTH:
+                    raise TreeLimit(f"{st.show(st.join(rel, p))}: directory tree deeper than {MAX_TREE_DEPTH} "
+                                    f"levels; not walked further")
+                tree.dirs.append(p)
+                stack.append((p, depth + 1))
+            else:
+                tree.files[p] = e
+    tree.dirs.sort()
+    return tree
+
+
+def walk_files(st: Storage, rel: str = "") -> dict[str, int]:
+    return walk(st, rel).sizes()
 
 
 def _supports_refresh(fs) -> bool:

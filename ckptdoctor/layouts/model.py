@@ -1,14 +1,16 @@
 """Views of what is on disk: one checkpoint directory, or a run root holding many.
 
 Views list each directory once and parse each binary file at most once (cached), so every
-check can ask for what it needs without re-reading storage.
+check can ask for what it needs without re-reading storage.  `RunView.resume_target` is the one
+answer to "what will the framework load", used by verify, preflight, publish retention and
+reconcile.
 """
 from __future__ import annotations
 
 import functools
-import re
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..io.fs import Entry, Storage
 from ..io.unpickle import RefusedGlobal
@@ -18,19 +20,28 @@ from .spec import Layout, match_any
 MAX_METADATA_BYTES = 4 << 30
 
 
-@dataclass
+@dataclass(frozen=True)
 class MetadataProblem:
     file: str
     message: str
     refused_global: str | None = None
 
 
+@dataclass(frozen=True)
+class DcpRead:
+    """A checkpoint's DCP metadata, read once: the parsed metadata (None when no file parsed) and
+    what went wrong with each metadata file."""
+    metadata: dcp.DcpMetadata | None
+    problems: tuple[MetadataProblem, ...] = ()
+
+
 class CheckpointView:
-    def __init__(self, storage: Storage, rel: str, layout: Layout, step: int | None = None,
+    def __init__(self, storage: Storage, rel: str, layout: Layout | None, step: int | None = None,
                  run: "RunView | None" = None):
         self.storage, self.rel, self.layout, self.step, self.run = storage, rel, layout, step, run
         self.display = storage.show(rel)
         self.name = rel.rsplit("/", 1)[-1] if rel else storage.display.rstrip("/").rsplit("/", 1)[-1]
+        self.results: dict[str, Any] = {}  # per-view results shared by the checks of one area
 
     def __str__(self):
         return self.display
@@ -71,7 +82,7 @@ class CheckpointView:
         return sorted(names, key=lambda n: (n != ".metadata", n))
 
     @functools.cached_property
-    def dcp(self) -> tuple[dcp.DcpMetadata | None, list[MetadataProblem]]:
+    def dcp(self) -> DcpRead:
         names = self.metadata_files()
         if ".metadata" in names:
             names = [".metadata"]  # the global file wins; per-rank files are the no-collective variant
@@ -85,11 +96,9 @@ class CheckpointView:
                 problems.append(MetadataProblem(name, f"refused to unpickle global {exc.qualname}: "
                                                       f"DCP metadata never references it",
                                                 exc.qualname))
-            except dcp.MetadataError as exc:
+            except (dcp.MetadataError, ValueError) as exc:
                 problems.append(MetadataProblem(name, str(exc)))
-            except ValueError as exc:
-                problems.append(MetadataProblem(name, str(exc)))
-        return md, problems
+        return DcpRead(md, tuple(problems))
 
 
 @dataclass
@@ -111,15 +120,7 @@ class RunView:
         return self.display
 
     def step_of(self, name: str) -> int | None:
-        rx = self.layout.dir_re
-        m = rx.match(name) if rx else None
-        if not m:
-            return None
-        s = m.groupdict().get("step")
-        return int(s) if s is not None else 0
-
-    def by_step(self) -> dict[int, CheckpointView]:
-        return {c.step: c for c in self.checkpoints if c.step is not None}
+        return self.layout.steps.step(name)
 
     def complete(self) -> list[CheckpointView]:
         return [c for c in self.checkpoints if self.status.get(c.name, CheckpointStatus(c)).complete]
@@ -129,20 +130,20 @@ class RunView:
         return max(done, key=lambda c: c.step) if done else None
 
     @functools.cached_property
-    def tracker(self):
-        """(spec, entry, TrackerValue|None) for the run layout's tracker file, read once."""
+    def tracker(self) -> trackers.TrackerState:
+        """The run layout's tracker file, read once."""
         spec = self.layout.tracker
-        if not spec:
-            return spec, None, None
-        e = self.entries.get(spec["file"])
+        if spec is None:
+            return trackers.TrackerState(None)
+        e = self.entries.get(spec.file)
         if e is None or e.is_dir:
-            return spec, e, None
+            return trackers.TrackerState(spec, e)
         try:
-            raw = self.storage.read(spec["file"], trackers.MAX_TRACKER_BYTES)
+            raw = self.storage.read(spec.file, trackers.MAX_TRACKER_BYTES)
         except ValueError:
-            return spec, e, trackers.TrackerValue("", None, f"tracker is larger than "
-                                                            f"{trackers.MAX_TRACKER_BYTES} bytes")
-        return spec, e, trackers.parse(spec, raw, self.checkpoint_for_tracker)
+            return trackers.TrackerState(spec, e, trackers.TrackerValue(
+                "", None, f"tracker is larger than {trackers.MAX_TRACKER_BYTES} bytes"))
+        return trackers.TrackerState(spec, e, trackers.parse(self.layout, raw))
 
     @property
     def resume_target(self) -> str | None:
@@ -150,26 +151,15 @@ class RunView:
         policy = self.layout.resume
         names = {c.name for c in self.checkpoints}
         if policy == "tracker":
-            _, _, val = self.tracker
-            return val.target if val and not val.problem and val.target in names else None
+            t = self.tracker.target
+            return t if t in names else None
+        stepped = [c for c in self.checkpoints if c.step is not None]
         if policy == "newest-with-marker":
-            cands = [c for c in self.checkpoints if c.step is not None and c.matching(self.layout.resume_markers)]
-            return max(cands, key=lambda c: c.step).name if cands else None
-        if policy == "newest-dir":
-            cands = [c for c in self.checkpoints if c.step is not None]
-            return max(cands, key=lambda c: c.step).name if cands else None
+            stepped = [c for c in stepped if c.matching(self.layout.resume_markers)]
+        if policy in ("newest-dir", "newest-with-marker"):
+            return max(stepped, key=lambda c: c.step).name if stepped else None
         return None
-
-    def checkpoint_for_tracker(self, value: str) -> str:
-        fmt = self.layout.tracker.get("dir", "{value}")
-        try:
-            return fmt.format(step=int(value), value=value)
-        except (ValueError, KeyError):
-            return value
 
 
 def age_seconds(mtime: float | None) -> float | None:
     return None if mtime is None else max(0.0, time.time() - mtime)
-
-
-STEP_RE = re.compile(r"(\d+)")

@@ -1,22 +1,41 @@
-"""Tracker files ("which checkpoint is latest"), parsed the way each framework parses them."""
+"""Tracker files ("which checkpoint is latest"): parsed the way each framework parses them, and
+rendered the way each framework writes them.  The spec comes from the family description."""
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 
+from ..io.fs import Entry
+from .spec import Layout, TrackerSpec
+
 MAX_TRACKER_BYTES = 64 << 10
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrackerValue:
     raw: str
     target: str | None  # checkpoint directory name the framework will load
     problem: str | None = None
 
 
-def parse(spec: dict, raw_bytes: bytes, dir_fmt) -> TrackerValue:
-    """spec['parse']: int | int-or-release | tag | json:<key>."""
-    kind = spec.get("parse", "int")
+@dataclass(frozen=True)
+class TrackerState:
+    """A run root's tracker as found: its spec (None: the family has none), the directory entry
+    (None: absent) and the parsed value (None: absent, or not a regular file)."""
+    spec: TrackerSpec | None
+    entry: Entry | None = None
+    value: TrackerValue | None = None
+
+    @property
+    def target(self) -> str | None:
+        v = self.value
+        return v.target if v is not None and v.problem is None else None
+
+
+def parse(layout: Layout, raw_bytes: bytes) -> TrackerValue:
+    """spec.parse: int | int-or-release | tag | json:<key>."""
+    spec = layout.tracker
+    kind = spec.parse
     try:
         text = raw_bytes.decode("utf-8")
     except UnicodeDecodeError:
@@ -26,16 +45,15 @@ def parse(spec: dict, raw_bytes: bytes, dir_fmt) -> TrackerValue:
         return TrackerValue(text, None, "tracker is empty (a crash while writing it in place)")
     if kind in ("int", "int-or-release"):
         if kind == "int-or-release" and stripped == "release":
-            return TrackerValue(text, spec.get("release_dir", "release"))
-        try:
-            step = int(stripped)
-        except ValueError:
+            return TrackerValue(text, spec.release_dir or "release")
+        if not stripped.isascii() or not stripped.lstrip("-").isdigit():
             return TrackerValue(text, None, f"tracker holds {stripped[:40]!r}, not an iteration number")
+        step = int(stripped)
         if step < 0:
             return TrackerValue(text, None, f"tracker holds a negative iteration {step}")
-        return TrackerValue(text, dir_fmt(str(step)))
+        return TrackerValue(text, layout.tracker_dir(str(step)))
     if kind == "tag":
-        if "/" in stripped or stripped in (".", ".."):
+        if "/" in stripped or stripped in (".", "..") or "\n" in stripped:
             return TrackerValue(text, None, f"tracker tag {stripped[:40]!r} is not a directory name")
         return TrackerValue(text, stripped)
     if kind.startswith("json:"):
@@ -43,9 +61,18 @@ def parse(spec: dict, raw_bytes: bytes, dir_fmt) -> TrackerValue:
         try:
             doc = json.loads(stripped)
             val = doc[key] if isinstance(doc, dict) else None
-        except (ValueError, KeyError):
+        except (ValueError, KeyError, RecursionError):
             return TrackerValue(text, None, f"tracker is not JSON with a {key!r} field")
         if val is None:
             return TrackerValue(text, None, f"tracker field {key!r} is null")
-        return TrackerValue(text, dir_fmt(str(val)))
+        return TrackerValue(text, layout.tracker_dir(str(val)))
     raise ValueError(f"unknown tracker parse kind {kind!r}")
+
+
+def render(layout: Layout, dirname: str) -> str:
+    """What the framework's own writer puts in the tracker for checkpoint `dirname`."""
+    fields = layout.steps.fields(dirname) if layout.steps else None
+    if fields is None or layout.tracker is None or layout.tracker.content is None:
+        raise ValueError(f"{dirname!r} is not a {layout.family} checkpoint name")
+    vals = {k: (int(v) if k == "step" else v) for k, v in fields.items()}
+    return layout.tracker.content.format(**vals)

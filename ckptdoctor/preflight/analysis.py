@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from ..layouts import dcp as dcp_reader
-from .model import Allocation, Ckpt, Family, NodeView, family_for
+from ..layouts.spec import Layout
+from .model import Allocation, Ckpt, NodeView
 
 
 @dataclass
@@ -96,14 +97,15 @@ class Preflight:
         for ck in copies.values():
             for rel, size in ck.files.items():
                 union[rel] = max(size, union.get(rel, 0))
-        fam: Family | None = family_for(union)
-        out = CkptVerdict(name, step, fam.name if fam else None)
+        lay = _reading_layout(copies)
+        fam = lay.reads if lay else None
+        out = CkptVerdict(name, step, lay.name if lay else None)
         if fam is None:
             return out
         need = self._expected_sizes(name, copies)
         world = self.alloc.world
         files_by_rank: dict[int, set[str]] = {}
-        if fam.name == "megatron-legacy":
+        if fam.rank_map == "megatron-legacy-grid":
             files_by_rank = _megatron_legacy_ranks(union, world, out)
         else:
             for rel in set(union) | set(need):
@@ -173,26 +175,32 @@ class Preflight:
 
     @cached_property
     def target(self) -> str | None:
-        """The checkpoint the framework will resume from (its own rule), as far as views tell."""
-        from ..publishing import naming
+        """The checkpoint the framework will resume from: each node's run root judged by its family's
+        own rule (`RunView.resume_target`, the same answer verify gives); the first node (rank 0's)
+        that has an answer decides."""
         kinds = {self.views[n].kind for n in self.nodes_checked}
         if "checkpoint" in kinds:
             return ""
         if "nvrx" in kinds:
             steps = [s for s in self.nvrx]
             return f"iter_{max(steps):07d}" if steps else None
-        names = [n for _, n in self.names]
         for node in self.nodes_checked:
-            v = self.views[node]
-            if v.tracker is not None and v.tracker_file:
-                fmt = next((f for f in naming.formats().values() if f.file == v.tracker_file
-                            and any(f.dir_re.match(x) for x in names)), None)
-                if fmt:
-                    return fmt.dir_for(v.tracker, names) or f"<{v.tracker.strip()[:40]}>"
-        if self.any_tracker is False and any(self.views[n].tracker_file for n in self.nodes_checked):
-            return None  # no tracker anywhere: the framework starts from step 0
-        stepped = [(s, n) for s, n in self.names if s is not None]
-        return max(stepped)[1] if stepped else None
+            run = self.views[node].run
+            if run is not None and run.resume_target is not None:
+                return run.resume_target
+        return None
+
+    @cached_property
+    def dangling(self) -> tuple[str, str] | None:
+        """(node, name) when a node's tracker names a checkpoint that node does not hold."""
+        for node in self.nodes_checked:
+            run = self.views[node].run
+            if run is None or run.layout.resume != "tracker":
+                continue
+            named = run.tracker.target
+            if named is not None and named not in {c.name for c in run.checkpoints}:
+                return node, named
+        return None
 
     @property
     def any_tracker(self) -> bool:
@@ -220,6 +228,12 @@ class Preflight:
 
     def trackers(self) -> dict[str, str | None]:
         return {n: self.views[n].tracker for n in self.nodes_checked if self.views[n].kind == "run"}
+
+
+def _reading_layout(copies: dict[str, Ckpt]) -> Layout | None:
+    """The checkpoint's layout as the nodes see it: the first copy whose family says what ranks read."""
+    lays = [c.layout for c in copies.values() if c.layout is not None]
+    return next((l for l in lays if l.reads is not None), lays[0] if lays else None)
 
 
 _MP_DIR = re.compile(r"^mp_rank_(?P<tp>\d+)(?:_(?P<pp>\d{3}))?(?:_(?P<ep>\d{3}))?/(?P<file>[^/]+\.pt)$")

@@ -10,47 +10,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
 
-from ..engine.catalog import data_dir, load_yaml
 from ..engine.errors import InputError, TransientError, UsageError
-from ..io.fs import Storage, open_location
-from ..publishing import naming
-
-MAX_DEPTH = 3
-
-
-@dataclass(frozen=True)
-class Family:
-    name: str
-    detect: re.Pattern
-    rank_file: re.Pattern
-    global_files: tuple[str, ...]
-    optional_global: tuple[str, ...]
-    rank_glob: str = "{rank}"
-
-    def rank_of(self, rel: str) -> int | None:
-        m = self.rank_file.search(rel)
-        return int(m.group("rank")) if m else None
-
-
-@lru_cache(maxsize=1)
-def config() -> dict:
-    return load_yaml(data_dir() / "preflight.yaml")
-
-
-def families() -> list[Family]:
-    return [Family(f["name"], re.compile(f["detect"]), re.compile(f["rank_file"]),
-                   tuple(f.get("global_files") or ()), tuple(f.get("optional_global") or ()),
-                   f.get("rank_glob", "rank {rank}"))
-            for f in config()["families"]]
-
-
-def family_for(files) -> Family | None:
-    for fam in families():
-        if any(fam.detect.search(f) for f in files):
-            return fam
-    return None
+from ..io.fs import Storage, TreeLimit, open_location, walk_files
+from ..layouts import spec
+from ..layouts.locate import locate
+from ..layouts.model import RunView
+from ..layouts.spec import Layout
 
 
 @dataclass
@@ -85,6 +51,7 @@ class Ckpt:
     name: str
     step: int | None
     files: dict[str, int]           # relative path -> size
+    layout: Layout | None = None
 
 
 @dataclass
@@ -94,29 +61,33 @@ class NodeView:
     storage: Storage | None = None
     problem: str | None = None      # the location could not be opened
     kind: str | None = None         # run | checkpoint | nvrx | None
+    run: RunView | None = None
     checkpoints: dict[str, Ckpt] = field(default_factory=dict)
-    tracker_file: str | None = None
-    tracker: str | None = None      # raw content, None if absent
-    run_files: set[str] = field(default_factory=set)
     nvrx: dict[int, dict[int, set[int]]] = field(default_factory=dict)  # step -> owner -> holders
 
     def show(self, rel: str = "") -> str:
         return self.storage.show(rel) if self.storage else f"{self.location}/{rel}".rstrip("/")
 
+    @property
+    def tracker_file(self) -> str | None:
+        """The run's resume tracker (not a monitoring status file)."""
+        t = self.run.layout.tracker if self.run else None
+        return t.file if t and not t.monitoring else None
 
-def _walk(st: Storage, rel: str, depth: int = 0) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for e in st.listdir(rel):
-        p = f"{rel}/{e.name}" if rel else e.name
-        if e.is_dir:
-            if depth < MAX_DEPTH:
-                out.update(_walk(st, p, depth + 1))
-        else:
-            out[p] = e.size
-    return out
+    @property
+    def tracker(self) -> str | None:
+        """The tracker's raw content, None if absent."""
+        if self.tracker_file is None:
+            return None
+        v = self.run.tracker.value
+        return None if v is None else v.raw
 
 
-def open_view(node: str, location: str, local_only: bool = False) -> NodeView:
+def _files(st: Storage, rel: str) -> dict[str, int]:
+    return walk_files(st, rel)
+
+
+def open_view(node: str, location: str) -> NodeView:
     v = NodeView(node, location)
     try:
         v.storage = open_location(location)
@@ -127,51 +98,48 @@ def open_view(node: str, location: str, local_only: bool = False) -> NodeView:
         return v
     st = v.storage
     try:
-        top = st.listdir("")
+        found = locate(st)
     except OSError as exc:
         v.problem = f"cannot list: {exc.strerror or exc}"
         return v
-    files = {e.name: e.size for e in top if not e.is_dir}
-    dirs = [e.name for e in top if e.is_dir]
-    v.run_files = set(files)
-    # 1) the location is itself one checkpoint
-    here = _walk(st, "") if family_for(files) or any(d in ("actor", "critic") for d in dirs) else None
-    if here is not None and family_for(here):
-        v.kind = "checkpoint"
-        name = st.display.rstrip("/").rsplit("/", 1)[-1]
-        v.checkpoints[""] = Ckpt(name, None, here)
-        return v
-    # 2) a run root: checkpoint directories named like a known framework's
-    for fmt in naming.formats().values():
-        names = [d for d in dirs if fmt.dir_re.match(d)]
-        if names:
-            v.kind = "run"
-            v.tracker_file = fmt.file
-            if fmt.file and fmt.file in files:
-                try:
-                    v.tracker = st.read(fmt.file, 4096).decode("utf-8", "replace")
-                except (OSError, ValueError) as exc:
-                    v.tracker = f"<unreadable: {exc}>"
-            for d in names:
-                try:
-                    v.checkpoints[d] = Ckpt(d, fmt.step_of(d), _walk(st.sub(d), ""))
-                except OSError as exc:
-                    v.checkpoints[d] = Ckpt(d, fmt.step_of(d), {})
-                    v.problem = f"{d}: cannot list: {exc.strerror or exc}"
+    try:
+        if found.checkpoint is not None:       # the location is itself one checkpoint
+            v.kind = "checkpoint"
+            ck = found.checkpoint
+            v.checkpoints[""] = Ckpt(ck.name, None, _files(st, ""), ck.layout)
             return v
-    # 3) nvidia-resiliency-ext local checkpoints: <rank>/iter_*_<owner>_local.pt
-    nv = config()["nvrx"]
-    rank_dirs = [d for d in dirs if re.match(nv["rank_dir"], d)]
-    if rank_dirs:
-        rx = re.compile(nv["file"])
+        if found.run is not None:               # a run root: its family's step directories
+            v.kind, v.run = "run", found.run
+            for ck in found.run.checkpoints:
+                try:
+                    v.checkpoints[ck.name] = Ckpt(ck.name, ck.step, _files(st, ck.name), ck.layout)
+                except OSError as exc:
+                    v.checkpoints[ck.name] = Ckpt(ck.name, ck.step, {}, ck.layout)
+                    v.problem = f"{ck.name}: cannot list: {exc.strerror or exc}"
+            return v
+    except TreeLimit as exc:
+        v.problem = str(exc)
+        return v
+    _nvrx(v, st)
+    return v
+
+
+def _nvrx(v: NodeView, st: Storage) -> None:
+    """nvidia-resiliency-ext local checkpoints: <holder rank>/iter_*_<owner>_local.pt."""
+    nv = spec.families()["nvrx"].local
+    rank_dir, rx = re.compile(nv["rank_dir"], re.ASCII), re.compile(nv["file"], re.ASCII)
+    try:
+        rank_dirs = [e.name for e in st.listdir("") if e.is_dir and rank_dir.fullmatch(e.name)]
+        if not rank_dirs:
+            return
         v.kind = "nvrx"
         for d in rank_dirs:
             for e in st.listdir(d):
-                m = rx.match(e.name)
+                m = rx.fullmatch(e.name)
                 if m and not e.is_dir and e.size > 0:
                     v.nvrx.setdefault(int(m.group("step")), {}).setdefault(int(m.group("owner")), set()).add(int(d))
-        return v
-    return v
+    except OSError as exc:
+        v.problem = f"cannot list: {exc.strerror or exc}"
 
 
 def node_location(template: str, node: str) -> str:

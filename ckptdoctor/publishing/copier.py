@@ -9,7 +9,6 @@ still being written is how half-written checkpoints get published.
 from __future__ import annotations
 
 import os
-import stat as _stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -57,24 +56,20 @@ class ChunkDigests:
 
 
 def list_tree(src: str) -> tuple[list[str], dict[str, int]]:
-    """(directories, files -> size) under src, relative with '/'.  Symlinks are refused."""
-    dirs, files = [], {}
-    for dp, dn, fn in os.walk(src):
-        rel_dp = os.path.relpath(dp, src)
-        for d in sorted(dn):
-            p = os.path.join(dp, d)
-            if os.path.islink(p):
-                raise OSError(f"{p}: symlink inside the checkpoint; publish copies only real files")
-            dirs.append(d if rel_dp == "." else f"{rel_dp}/{d}".replace(os.sep, "/"))
-        for f in sorted(fn):
-            p = os.path.join(dp, f)
-            st = os.lstat(p)
-            if _stat.S_ISLNK(st.st_mode):
-                raise OSError(f"{p}: symlink inside the checkpoint; publish copies only real files")
-            if not _stat.S_ISREG(st.st_mode):
-                raise OSError(f"{p}: not a regular file")
-            files[f if rel_dp == "." else f"{rel_dp}/{f}".replace(os.sep, "/")] = st.st_size
-    return dirs, files
+    """(directories, files -> size) under src, relative with '/'.  Symlinks and anything that is not
+    a regular file are refused; a directory that cannot be listed aborts (never skipped)."""
+    from ..io.fs import LocalStorage, walk
+    tree = walk(LocalStorage(src))
+    for rel in tree.dir_links:
+        raise OSError(f"{os.path.join(src, rel)}: symlink inside the checkpoint; publish copies only real files")
+    files = {}
+    for rel, e in tree.files.items():
+        if e.is_link:
+            raise OSError(f"{os.path.join(src, rel)}: symlink inside the checkpoint; publish copies only real files")
+        if not e.is_file:
+            raise OSError(f"{os.path.join(src, rel)}: not a regular file")
+        files[rel] = e.size
+    return tree.dirs, files
 
 
 def copy_file(src: str, dst: str, rel: str, chunk: int = CHUNK_BYTES, progress=None) -> Copied:

@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from .. import __version__
 from ..engine.errors import CkptDoctorError, InputError, TransientError, UsageError
 from ..io import hashing
-from ..io.atomic import fsync_dir, rename_exchange, rename_noreplace, replace_file, write_new
+from ..io.atomic import fsync_dir, rename_exchange, rename_noreplace, write_new
 from ..io.fs import LocalStorage, is_transient, is_url
 from ..layouts import manifest as mf
-from . import faults, naming, retention
+from . import faults, naming
+from .dest import LocalDest, ObjectDest, after_commit
 from .copier import SourceChanged, copy_tree, fsync_tree_dirs, list_tree
 
 
@@ -89,7 +90,7 @@ def _remove(path: str) -> None:
 
 def _clean_own_leftovers(root: str, name: str, result: PublishResult) -> None:
     """Remove what earlier, dead publishes of `name` (or tracker writes) left here; only ours."""
-    trackers = {f.file for f in naming.formats().values() if f.file}
+    trackers = naming.tracker_files()
     for e in sorted(os.listdir(root)):
         own = naming.parse_own(e)
         if not own:
@@ -111,38 +112,6 @@ def _clean_own_leftovers(root: str, name: str, result: PublishResult) -> None:
         result.cleaned.append(e)
     if result.cleaned:
         fsync_dir(root)
-
-
-def _tracker_plan(fmt: naming.TrackerFormat, name: str, old: str | None, entries: list[str], path: str) -> dict:
-    """What the tracker should become; `written` False with a note when it must not move."""
-    new = fmt.render(name)
-    info = {"file": path, "format": fmt.name, "old": old, "new": new, "written": False, "note": None}
-    if old is not None and old.strip() == new:
-        info["note"] = "already names this checkpoint"
-    elif old is not None and _newer(fmt.parse(old), fmt.step_of(name)) \
-            and fmt.dir_for(old, entries + [name]) is not None:
-        info["note"] = (f"left at {old.strip()!r}: it names a newer checkpoint than {name}; "
-                        f"a tracker never moves backwards")
-    return info
-
-
-def _newer(old_step: int | None, new_step: int | None) -> bool:
-    return old_step is not None and new_step is not None and old_step > new_step
-
-
-def _write_tracker(root: str, fmt: naming.TrackerFormat, name: str, entries: list[str], result: PublishResult):
-    path = os.path.join(root, fmt.file)
-    old = None
-    if os.path.exists(path):
-        with open(path, "r", errors="replace") as fh:
-            old = fh.read(256)
-    info = result.tracker = _tracker_plan(fmt, name, old, entries, path)
-    if info["note"]:
-        return
-    replace_file(path, info["new"].encode(), temp_name=naming.temp_name(fmt.file),
-                 before_rename=lambda: faults.point("tracker-temp"))
-    info["written"] = True
-    faults.point("tracker")
 
 
 def publish_local(src: str, dest_root: str, name: str, layout: str | None, *, replace: bool, tracker: str,
@@ -171,7 +140,7 @@ def publish_local(src: str, dest_root: str, name: str, layout: str | None, *, re
         if same:
             res.status = "unchanged"
             res.notes.append(f"{final} already holds exactly these bytes (manifest matches); nothing copied")
-            _after_commit(dest_root, name, res, tracker, keep_last, keep_every)
+            after_commit(LocalDest(dest_root), name, res, tracker, keep_last, keep_every)
             res.seconds = time.perf_counter() - t0
             return res
         if not replace:
@@ -216,7 +185,7 @@ def publish_local(src: str, dest_root: str, name: str, layout: str | None, *, re
             raise InputError(f"{exc.filename or dest_root}: permission denied while publishing; "
                              f"temporary copy removed, tracker untouched") from None
         raise
-    _after_commit(dest_root, name, res, tracker, keep_last, keep_every)
+    after_commit(LocalDest(dest_root), name, res, tracker, keep_last, keep_every)
     res.seconds = time.perf_counter() - t0
     return res
 
@@ -253,31 +222,6 @@ def _swap(tmp: str, final: str, root: str, name: str) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def _after_commit(root: str, name: str, res: PublishResult, tracker: str, keep_last, keep_every) -> None:
-    entries = sorted(os.listdir(root))
-    fmt = naming.choose_format(tracker, name, set(entries))
-    if fmt is not None and fmt.file:
-        _write_tracker(root, fmt, name, entries, res)
-    elif tracker != "none":
-        res.notes.append("no tracker written" + (f" ({fmt.name} resumes from the newest directory)"
-                                                 if fmt else " (no known naming for this checkpoint)"))
-    if keep_last is None and not keep_every:
-        return
-    fmt = fmt or naming.choose_format("auto", name, set(entries))
-    if fmt is None:
-        raise UsageError(f"retention needs a known checkpoint naming (iter_NNNNNNN, global_step_N, step-N, "
-                         f"step_N, checkpoint-N); {name!r} is none of them")
-    protect = {name: "just published (newest verified)"}
-    if fmt.file and os.path.exists(os.path.join(root, fmt.file)):
-        with open(os.path.join(root, fmt.file), errors="replace") as fh:
-            d = fmt.dir_for(fh.read(256), entries)
-        if d:
-            protect.setdefault(d, "the tracker names it")
-    plan = retention.plan(entries, fmt, keep_last=keep_last, keep_every=keep_every, protect=protect)
-    retention.prune(root, plan.removed)
-    res.pruned, res.kept = plan.removed, plan.kept
-
-
 # ---- object stores ------------------------------------------------------------------------------
 def publish_remote(src: str, dest_root: str, name: str, markers: set[str], layout: str | None, *, replace: bool,
                    tracker: str, keep_last, keep_every, workers, progress_factory) -> PublishResult:
@@ -307,7 +251,7 @@ def publish_remote(src: str, dest_root: str, name: str, markers: set[str], layou
                 res.notes.append(f"{dest_root.rstrip('/')}/{name} already holds exactly these bytes")
                 if fs.exists(f"{final}/{inprog}"):
                     fs.rm_file(f"{final}/{inprog}")
-                _remote_after_commit(fs, root, name, res, tracker, keep_last, keep_every)
+                after_commit(ObjectDest(fs, root, dest_root), name, res, tracker, keep_last, keep_every)
                 res.seconds = time.perf_counter() - t0
                 return res
             raise UsageError(f"{dest_root.rstrip('/')}/{name}: exists with different content; publish under "
@@ -344,7 +288,7 @@ def publish_remote(src: str, dest_root: str, name: str, markers: set[str], layou
             raise UsageError(f"{final}: another publisher committed first; nothing overwritten") from None
         faults.point("manifest")
         fs.rm_file(f"{final}/{inprog}")
-        _remote_after_commit(fs, root, name, res, tracker, keep_last, keep_every)
+        after_commit(ObjectDest(fs, root, dest_root), name, res, tracker, keep_last, keep_every)
     except CkptDoctorError:
         raise
     except OSError as exc:
@@ -399,40 +343,6 @@ def _upload(fs, src: str, final: str, rels: list[str], workers, progress) -> dic
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckd-upload") as ex:
         futs = {r: ex.submit(one, r) for r in rels}
         return {r: f.result() for r, f in futs.items()}
-
-
-def _remote_after_commit(fs, root: str, name: str, res: PublishResult, tracker: str, keep_last, keep_every):
-    try:
-        entries = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
-    except FileNotFoundError:
-        entries = []
-    fmt = naming.choose_format(tracker, name, set(entries))
-    if fmt is not None and fmt.file:
-        path = f"{root}/{fmt.file}"
-        old = fs.cat_file(path).decode(errors="replace") if fmt.file in entries else None
-        info = res.tracker = _tracker_plan(fmt, name, old, entries, path)
-        if not info["note"]:
-            fs.pipe_file(path, info["new"].encode())  # a single PUT: readers see old or new
-            info["written"] = True
-            faults.point("tracker")
-    if keep_last is None and not keep_every:
-        return
-    fmt = fmt or naming.choose_format("auto", name, set(entries))
-    if fmt is None:
-        raise UsageError(f"retention needs a known checkpoint naming; {name!r} is none of them")
-    protect = {name: "just published (newest verified)"}
-    if res.tracker:
-        d = fmt.dir_for(res.tracker["new"] if res.tracker["written"] else (res.tracker["old"] or ""), entries)
-        if d:
-            protect.setdefault(d, "the tracker names it")
-    plan = retention.plan(entries, fmt, keep_last=keep_last, keep_every=keep_every, protect=protect)
-    for victim in plan.removed:  # un-commit first (in-progress object, then manifest), then delete
-        fs.pipe_file(f"{root}/{victim}/{naming.in_progress_object()}", b'{"deleting": true}')
-        if fs.exists(f"{root}/{victim}/{mf.NAME}"):
-            fs.rm_file(f"{root}/{victim}/{mf.NAME}")
-        faults.point("prune")
-        fs.rm(f"{root}/{victim}", recursive=True)
-    res.pruned, res.kept = plan.removed, plan.kept
 
 
 def is_remote(dest_root: str) -> bool:

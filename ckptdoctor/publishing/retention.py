@@ -13,6 +13,7 @@ import shutil
 from dataclasses import dataclass, field
 
 from ..io.atomic import fsync_dir
+from ..layouts.spec import Layout
 from . import faults, naming
 
 
@@ -22,9 +23,9 @@ class Pruned:
     kept: dict[str, str] = field(default_factory=dict)  # name -> why
 
 
-def plan(entries: list[str], fmt: naming.TrackerFormat, *, keep_last: int | None, keep_every: int | None,
+def plan(entries: list[str], layout: Layout, *, keep_last: int | None, keep_every: int | None,
          protect: dict[str, str]) -> Pruned:
-    steps = sorted(((fmt.step_of(e), e) for e in entries if fmt.step_of(e) is not None), reverse=True)
+    steps = sorted(((layout.steps.step(e), e) for e in entries if layout.steps.step(e) is not None), reverse=True)
     res = Pruned()
     for i, (step, name) in enumerate(steps):
         why = protect.get(name)
@@ -33,7 +34,7 @@ def plan(entries: list[str], fmt: naming.TrackerFormat, *, keep_last: int | None
         if why is None and keep_every and step % keep_every == 0:
             why = f"step {step} is a multiple of {keep_every}"
         if why is None:
-            staging = [e for e in naming.staging_for(name, entries) if not _dead_publish(e)]
+            staging = [e for e in naming.staging_for(layout, name, entries) if not _dead_publish(e)]
             if staging:
                 why = f"still being written ({staging[0]})"
         if why is None and keep_last is None and not keep_every:

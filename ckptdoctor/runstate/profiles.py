@@ -20,6 +20,7 @@ from ..engine.errors import UsageError
 from ..io import ptfile
 from ..io.fs import Storage
 from ..io.unpickle import RefusedGlobal
+from ..layouts.spec import families, match_any
 from .pathexpr import MISSING, PathError, evaluate
 from .schema import FIELDS, RunState, normalize
 
@@ -34,7 +35,6 @@ class Profile:
     description: str
     priority: int
     detect_files: tuple[str, ...]
-    run: dict
     capture: dict
     fields: dict[str, dict]
 
@@ -46,7 +46,7 @@ def profiles() -> dict[str, Profile]:
         d = load_yaml(p)
         out[d["id"]] = Profile(d["id"], d.get("framework", ""), d.get("title", ""), d.get("description", ""),
                                int(d.get("priority", 0)), tuple(d.get("detect", {}).get("files", ())),
-                               d.get("run") or {}, d.get("capture") or {}, d.get("fields") or {})
+                               d.get("capture") or {}, d.get("fields") or {})
     return out
 
 
@@ -251,11 +251,13 @@ def _jsonable(obj: Any) -> Any:
 
 def _run_section(doc: dict, prov: dict, profile: Profile, m: Mapping, parent: Storage | None, name: str):
     """Facts about the run root around this step directory: its step, siblings, status pointer."""
-    run = profile.run
-    rx = re.compile(run.get("checkpoint_dir", r"^$"))
-    mm = rx.match(name or "")
-    if mm and mm.groupdict().get("step") is not None:
-        doc["run"]["checkpoint_step"] = int(mm.group("step"))
+    fam = families().get(profile.framework)
+    run = fam.run if fam else None
+    if run is None:
+        return
+    step = run.steps.step(name or "")
+    if step is not None:
+        doc["run"]["checkpoint_step"] = step
         prov["run.checkpoint_step"] = f"directory name {name}"
     if parent is None:
         return
@@ -264,20 +266,19 @@ def _run_section(doc: dict, prov: dict, profile: Profile, m: Mapping, parent: St
     except OSError:
         return
     dirs = [e.name for e in entries if e.is_dir]
-    steps = sorted(int(rx.match(d).group("step")) for d in dirs if rx.match(d))
-    staging = [re.compile(p) for p in run.get("staging_dirs", [])]
-    doc["run"]["steps"] = steps
-    doc["run"]["staging"] = sorted(d for d in dirs if any(p.match(d) for p in staging))
-    sf = run.get("status_file")
-    if sf:
+    doc["run"]["steps"] = sorted(s for s in map(run.steps.step, dirs) if s is not None)
+    doc["run"]["staging"] = sorted(d for d in dirs if match_any(d, run.staging_globs))
+    sf = run.tracker
+    if sf and sf.parse.startswith("json:"):
+        key = sf.parse.split(":", 1)[1]
         pm = Mapping(parent, m.profile)
-        content = pm.load(sf["file"])
+        content = pm.load(sf.file)
         m.notes += pm.notes
         if content is not MISSING and content is not None:
-            v = evaluate(content, sf["path"])
+            v = evaluate(content, key)
             if v is not MISSING and v is not None:
                 doc["run"]["latest_status_step"] = v
-                prov["run.latest_status_step"] = f"{parent.show(sf['file'])}:{sf['path']}"
+                prov["run.latest_status_step"] = f"{parent.show(sf.file)}:{key}"
 
 
 def derive(rs: RunState) -> None:

@@ -1,0 +1,101 @@
+"""What is at a location, by the family descriptions: a run root, one checkpoint, or nothing known.
+
+Every subcommand opens locations through `locate`, so verify, preflight, publish and reconcile
+agree on the family, the step directories and (through `RunView.resume_target`) what resumes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..io.fs import Storage
+from . import spec
+from .model import CheckpointView, RunView
+
+
+@dataclass
+class Located:
+    run: RunView | None = None
+    checkpoint: CheckpointView | None = None
+    misfit: str | None = None   # a forced layout that the directory does not fit: why
+
+    @property
+    def kind(self) -> str | None:
+        return "run" if self.run else "checkpoint" if self.checkpoint else None
+
+    @property
+    def view(self):
+        return self.run or self.checkpoint
+
+
+def _name(st: Storage) -> str:
+    return st.display.rstrip("/").rsplit("/", 1)[-1]
+
+
+def locate(st: Storage, layout_name: str | None = None) -> Located:
+    """Decide what the location is.  A forced layout that does not fit is reported in `misfit`
+    (the caller turns it into a finding), never silently accepted."""
+    entries = {e.name: e for e in st.listdir("")}
+    files = {n for n, e in entries.items() if not e.is_dir}
+    dirs = {n for n, e in entries.items() if e.is_dir}
+    forced = spec.get(layout_name) if layout_name else None
+    if forced is not None and forced.scope == "run":
+        kids = [d for d in dirs if forced.steps.matches(d)]
+        tracker = forced.tracker is not None and forced.tracker.file in files
+        if not kids and not tracker:
+            return Located(misfit=f"--layout {forced.name}: no {forced.steps.format.format(step=0)!r}-style "
+                                  f"checkpoint directory" + (f" and no {forced.tracker.file}" if forced.tracker
+                                                             else "") + " here")
+        return Located(run=_run(st, forced, entries, dirs))
+    if forced is not None:
+        if not spec.fits(forced, files, dirs):
+            return Located(misfit=f"--layout {forced.name}: none of its files "
+                                  f"({', '.join((forced.detect_files + forced.claims + forced.detect_dirs)[:4])}) "
+                                  f"are here")
+        return Located(checkpoint=CheckpointView(st, "", forced))
+    run_layout = spec.detect("run", files, dirs) or _by_children(st, dirs)
+    own = spec.detect("checkpoint", files, dirs, name=_name(st))
+    # a directory that is itself a checkpoint is not a run root (e.g. a Megatron iter dir)
+    if run_layout and own and own.priority >= run_layout.priority and \
+            not any(run_layout.steps.matches(d) for d in dirs):
+        run_layout = None
+    if run_layout:
+        return Located(run=_run(st, run_layout, entries, dirs))
+    if own is None:
+        return Located()
+    return Located(checkpoint=CheckpointView(st, "", own))
+
+
+def _run(st: Storage, layout: spec.Layout, entries, dirs) -> RunView:
+    run = RunView(st, layout, entries)
+    for name in sorted(dirs):
+        step = run.step_of(name)
+        if step is not None:
+            run.checkpoints.append(_checkpoint(st, name, layout.checkpoint_layouts, step, run))
+    run.checkpoints.sort(key=lambda c: (c.step, c.name))
+    return run
+
+
+def _by_children(st: Storage, dirs: set[str]):
+    """Run layouts recognised by what their checkpoint children hold (Orbax: numeric step dirs)."""
+    for lay in sorted(spec.run_layouts(), key=lambda l: -l.priority):
+        if not lay.child_files:
+            continue
+        kids = sorted((d for d in dirs if lay.steps.matches(d)), reverse=True)[:3]
+        for d in kids:
+            try:
+                names = {e.name for e in st.listdir(d)}
+            except OSError:
+                continue
+            if any(spec.match_any(n, lay.child_files) for n in names):
+                return lay
+    return None
+
+
+def _checkpoint(st: Storage, name: str, among: tuple[str, ...], step, run) -> CheckpointView:
+    probe = CheckpointView(st, name, spec.get(among[0]) if among else None, step, run)
+    try:
+        files, dirs = set(probe.files), set(probe.dirs)
+    except OSError:
+        files, dirs = set(), set()
+    probe.layout = spec.detect("checkpoint", files, dirs, among=among, name=name) or probe.layout
+    return probe

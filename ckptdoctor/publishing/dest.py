@@ -1,0 +1,149 @@
+"""A publish destination as the commit protocol sees it, and the after-commit step both kinds share.
+
+Two commit strategies implement the same phases (stage, fill, seal, commit, after-commit):
+  * rename-commit (`LocalDest`, POSIX): stage into a temp directory, fill it with copied and hashed
+    files, seal (fsync files, manifest, fsync dirs), commit with renameat2(RENAME_NOREPLACE).
+  * marker-commit (`ObjectDest`, object stores): stage with an in-progress object, fill by upload,
+    seal by confirming every size with a fresh listing, commit by creating the manifest exclusively.
+After-commit is identical and lives here once: the tracker (never backwards, written last and
+atomically), then retention, which never prunes the tracker's target, the checkpoint just published,
+or one still being written -- whatever `--tracker` says.
+"""
+from __future__ import annotations
+
+import os
+from typing import Protocol
+
+from ..engine.errors import UsageError
+from ..io.atomic import replace_file
+from ..layouts import manifest as mf
+from ..layouts import trackers
+from ..layouts.spec import Layout
+from . import faults, naming, retention
+
+MAX_TRACKER_READ = trackers.MAX_TRACKER_BYTES
+
+
+class Dest(Protocol):
+    display: str
+
+    def entries(self) -> list[str]: ...
+    def read_file(self, name: str) -> bytes | None: ...
+    def write_tracker(self, name: str, data: bytes) -> None: ...
+    def prune(self, victims: list[str]) -> None: ...
+
+
+class LocalDest:
+    def __init__(self, root: str):
+        self.root = self.display = root
+
+    def entries(self) -> list[str]:
+        return sorted(os.listdir(self.root))
+
+    def read_file(self, name: str) -> bytes | None:
+        import stat
+        p = os.path.join(self.root, name)
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise UsageError(f"{p}: cannot read the destination's tracker: {exc.strerror or exc}") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise UsageError(f"{p}: the destination's tracker is not a regular file; fix it by hand")
+            return os.read(fd, MAX_TRACKER_READ)
+        finally:
+            os.close(fd)
+
+    def write_tracker(self, name: str, data: bytes) -> None:
+        replace_file(os.path.join(self.root, name), data, temp_name=naming.temp_name(name),
+                     before_rename=lambda: faults.point("tracker-temp"))
+
+    def prune(self, victims: list[str]) -> None:
+        retention.prune(self.root, victims)
+
+
+class ObjectDest:
+    def __init__(self, fs, root: str, display: str):
+        self.fs, self.root, self.display = fs, root, display
+
+    def entries(self) -> list[str]:
+        try:
+            return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(self.root, detail=False))
+        except FileNotFoundError:
+            return []
+
+    def read_file(self, name: str) -> bytes | None:
+        try:
+            return self.fs.cat_file(f"{self.root}/{name}", start=0, end=MAX_TRACKER_READ)
+        except FileNotFoundError:
+            return None
+
+    def write_tracker(self, name: str, data: bytes) -> None:
+        self.fs.pipe_file(f"{self.root}/{name}", data)  # a single PUT: readers see old or new
+
+    def prune(self, victims: list[str]) -> None:
+        for victim in victims:  # un-commit first (in-progress object, then manifest), then delete
+            base = f"{self.root}/{victim}"
+            self.fs.pipe_file(f"{base}/{naming.in_progress_object()}", b'{"deleting": true}')
+            if self.fs.exists(f"{base}/{mf.NAME}"):
+                self.fs.rm_file(f"{base}/{mf.NAME}")
+            faults.point("prune")
+            self.fs.rm(base, recursive=True)
+
+
+def after_commit(dest: Dest, name: str, res, tracker_option: str, keep_last: int | None,
+                 keep_every: int | None) -> None:
+    """Tracker (never backwards), then retention.  `res` is the PublishResult to fill in."""
+    entries = dest.entries()
+    layout = naming.choose_layout(tracker_option, name, set(entries))
+    if layout is not None and layout.tracker and layout.tracker.content:
+        _move_tracker(dest, layout, name, entries, res)
+    elif tracker_option != "none":
+        res.notes.append("no tracker written" + (f" ({layout.family} resumes from the newest directory)"
+                                                 if layout else " (no known naming for this checkpoint)"))
+    if keep_last is None and not keep_every:
+        return
+    layout = layout or naming.choose_layout("auto", name, set(entries))
+    if layout is None:
+        raise UsageError(f"retention needs a known checkpoint naming (iter_NNNNNNN, global_step_N, step-N, "
+                         f"step_N, checkpoint-N, <step>); {name!r} is none of them")
+    protect = {name: "just published (newest verified)"}
+    target = _current_target(dest, layout, entries)
+    if target:
+        protect.setdefault(target, "the tracker names it")
+    plan = retention.plan(entries, layout, keep_last=keep_last, keep_every=keep_every, protect=protect)
+    dest.prune(plan.removed)
+    res.pruned, res.kept = plan.removed, plan.kept
+
+
+def _current_target(dest: Dest, layout: Layout, entries: list[str]) -> str | None:
+    """What the destination's tracker names now (read again: it may have just moved)."""
+    t = layout.tracker
+    if t is None or t.file not in entries:
+        return None
+    raw = dest.read_file(t.file)
+    return naming.tracker_target(layout, raw) if raw is not None else None
+
+
+def _move_tracker(dest: Dest, layout: Layout, name: str, entries: list[str], res) -> None:
+    t = layout.tracker
+    new = trackers.render(layout, name)
+    raw = dest.read_file(t.file) if t.file in entries else None
+    old = raw.decode("utf-8", "replace") if raw is not None else None
+    info = res.tracker = {"file": f"{dest.display.rstrip('/')}/{t.file}", "format": layout.family, "old": old,
+                          "new": new, "written": False, "note": None}
+    old_target = naming.tracker_target(layout, raw) if raw is not None else None
+    old_step = layout.steps.step(old_target) if old_target else None
+    if old is not None and old.strip() == new:
+        info["note"] = "already names this checkpoint"
+        return
+    if old_step is not None and old_step > (layout.steps.step(name) or 0) and old_target in entries:
+        info["note"] = (f"left at {old.strip()!r}: it names a newer checkpoint than {name}; "
+                        f"a tracker never moves backwards")
+        return
+    dest.write_tracker(t.file, new.encode())
+    info["written"] = True
+    faults.point("tracker")
+
