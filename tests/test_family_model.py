@@ -1,0 +1,226 @@
+"""One model of each checkpoint family, read by every subcommand: regression tests for the defects
+its absence caused (issue 13), and one parametrized check that verify and preflight name the same
+resume target on every family's run root."""
+import json
+import os
+import shutil
+
+import pytest
+
+from ckptdoctor import api
+from ckptdoctor.layouts import dcp_writer as W
+from helpers import assert_fires, assert_no_errors, cli
+
+
+def dcp_dir(d, world=1, value=1.0, extra=None):
+    """A DCP checkpoint (ckptdoctor's torch-free writer, which writes torch's exact format; the
+    torch-based tests load the same writer's output with the real dcp.load)."""
+    W.write(str(d), [W.Item("w", (2 * world, 4), (2 * r, 0), (2, 4), [value + r] * 8, rank=r) for r in range(world)])
+    for rel, data in (extra or {}).items():
+        p = d / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    return d
+
+
+# ---- one run root per family, with the target the framework itself would pick --------------------
+def megatron(root):
+    for s in (100, 200):
+        d = dcp_dir(root / f"iter_{s:07d}")
+        (d / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist"}))
+    (root / "latest_checkpointed_iteration.txt").write_text("200")
+    return "iter_0000200"
+
+
+def torchtitan(root):
+    for s in (10, 20):
+        dcp_dir(root / f"step-{s}")
+    d = dcp_dir(root / "step-30")
+    os.remove(d / ".metadata")  # died before the coordinator's commit: torchtitan skips it
+    return "step-20"
+
+
+def deepspeed(root):
+    for s in (3, 6):
+        d = root / f"global_step{s}"
+        d.mkdir(parents=True)
+        (d / "mp_rank_00_model_states.pt").write_bytes(b"x" * 64)
+        (d / "zero_pp_rank_0_mp_rank_00_optim_states.pt").write_bytes(b"x" * 64)
+    (root / "latest").write_text("global_step3")
+    return "global_step3"
+
+
+def verl(root):
+    for s in (20, 40):
+        for comp in ("actor", "critic"):
+            (root / f"global_step_{s}" / comp).mkdir(parents=True)
+            for kind in ("model", "optim", "extra_state"):
+                (root / f"global_step_{s}" / comp / f"{kind}_world_size_1_rank_0.pt").write_bytes(b"x" * 64)
+        (root / f"global_step_{s}" / "data.pt").write_bytes(b"x" * 64)
+    (root / "latest_checkpointed_iteration.txt").write_text("40")
+    return "global_step_40"
+
+
+def nemo_rl(root):
+    for s in (6, 7):
+        d = root / f"step_{s}"
+        d.mkdir(parents=True)
+        for f in ("training_info.json", "config.yaml", "train_dataloader.pt"):
+            (d / f).write_text("{}")
+    (root / "tmp_step_8").mkdir()
+    return "step_7"
+
+
+def hf_trainer(root):
+    for s in (500, 1000):
+        d = root / f"checkpoint-{s}"
+        d.mkdir(parents=True)
+        (d / "trainer_state.json").write_text(json.dumps({"global_step": s}))
+    return "checkpoint-1000"
+
+
+def orbax(root, leftover=False):
+    for s in (100, 200):
+        d = root / str(s)
+        d.mkdir(parents=True)
+        (d / "_CHECKPOINT_METADATA").write_text("{}")
+        (d / "commit_success.txt").write_text("ok")
+    if leftover:
+        (root / "300.orbax-checkpoint-tmp-1234").mkdir()
+    return "200"
+
+
+RUNS = {"megatron": megatron, "torchtitan": torchtitan, "deepspeed": deepspeed, "verl": verl,
+        "nemo-rl": nemo_rl, "hf-trainer": hf_trainer, "orbax": orbax,
+        "orbax-with-leftover": lambda r: orbax(r, leftover=True)}
+
+
+@pytest.mark.parametrize("family", RUNS)
+def test_verify_and_preflight_name_the_same_resume_target(tmp_path, family):
+    root = tmp_path / "run"
+    want = RUNS[family](root)
+    rep = api.verify(str(root))
+    assert rep.facts["resume_from"] == want, (family, rep.facts)
+    rc, out, err = cli("preflight", str(root), "--nodelist", "n1", "--ranks-per-node", "1", "-f", "json")
+    pf = json.loads(out)
+    assert pf["facts"]["resume_from"] == want, (family, pf["facts"], err)
+    errors = [(f["rule"], f["message"]) for f in pf["findings"] if f["severity"] == "error"]
+    assert rc == 0 and not errors, (family, errors)
+
+
+def test_torchtitan_uncommitted_newest_step_is_not_a_preflight_error(tmp_path):
+    """Defect 1: preflight used to say step-30 (CKD403 + CKD406 errors); torchtitan loads step-20."""
+    root = tmp_path / "titan"
+    torchtitan(root)
+    rc, out, _ = cli("preflight", str(root), "--nodelist", "n1", "--ranks-per-node", "1", "-f", "json")
+    pf = json.loads(out)
+    assert rc == 0 and pf["facts"]["resume_from"] == "step-20"
+    assert {f["rule"] for f in pf["findings"] if f["severity"] == "error"} == set()
+
+
+# ---- defect 2: retention on an object store protects the destination's tracker target ---------------
+@pytest.mark.parametrize("remote", [False, True])
+def test_keep_last_never_prunes_the_tracker_target_even_with_tracker_none(tmp_path, remote):
+    dest = f"memory://ckd-retention-{os.getpid()}-{tmp_path.name}" if remote else str(tmp_path / "dest")
+    src = tmp_path / "src"
+    for s in (100, 200):
+        dcp_dir(src / f"iter_{s:07d}", value=float(s), extra={"metadata.json": b'{"sharded_backend": "torch_dist"}'})
+    api.publish(str(src / "iter_0000100"), dest)                       # tracker -> 100
+    res = api.publish(str(src / "iter_0000200"), dest, tracker="none", keep_last=1)
+    assert res.pruned == [] and res.kept["iter_0000100"] == "the tracker names it"
+    rep = api.verify(dest)
+    assert rep.facts["resume_from"] == "iter_0000100"
+    assert {c["name"] for c in rep.facts["checkpoints"]} == {"iter_0000100", "iter_0000200"}
+    assert_no_errors(rep)
+
+
+# ---- defect 3: no depth limit hides a deep file from the manifest check ------------------------------
+def test_deep_file_is_published_and_verified(tmp_path):
+    deep = "/".join("abcdefghi") + "/extra.bin"
+    src = dcp_dir(tmp_path / "src" / "iter_0000100", extra={deep: b"payload"})
+    api.publish(str(src), str(tmp_path / "dest"))
+    rep = api.verify(str(tmp_path / "dest" / "iter_0000100"), checksums=True)
+    assert not rep.findings, [(f.rule, f.message) for f in rep.findings]
+    (tmp_path / "dest" / "iter_0000100" / deep).write_bytes(b"pAyload")
+    rep = api.verify(str(tmp_path / "dest" / "iter_0000100"), checksums=True)
+    assert_fires(rep, "CKD151", path_contains="extra.bin")
+
+
+def test_a_tree_past_the_walk_cap_is_a_finding_never_a_silent_pass(tmp_path, monkeypatch):
+    from ckptdoctor.io import fs
+    monkeypatch.setattr(fs, "MAX_TREE_DEPTH", 4)
+    d = dcp_dir(tmp_path / "ck", extra={"a/b/c/d/e/f.bin": b"x"})
+    rep = api.verify(str(d), checksums=True)
+    hits = assert_fires(rep, "CKD901")
+    assert "deeper than 4" in hits[0].message and rep.failed()
+
+
+# ---- defect 4: content decides the family; names only break ties -------------------------------------
+def test_plain_dcp_in_an_iter_named_directory_is_dcp(tmp_path):
+    d = dcp_dir(tmp_path / "iter_0000100")
+    rep = api.verify(str(d))
+    assert rep.facts["layout"] == "dcp" and not rep.findings, [(f.rule, f.message) for f in rep.findings]
+    (d / "common.pt").write_bytes(W.object_archive(b"\x80\x02}q\x00."))  # a Megatron file: Megatron, unfinalized
+    rep = api.verify(str(d))
+    assert rep.facts["layout"] == "megatron-torch-dist"
+    assert_fires(rep, "CKD101", path_contains="iter_0000100")
+
+
+def test_dcp_published_as_step_n_is_not_nemo_rl(tmp_path):
+    src = dcp_dir(tmp_path / "src" / "step_2")
+    api.publish(str(src), str(tmp_path / "dest"))
+    rep = api.verify(str(tmp_path / "dest"))
+    assert rep.facts["layout"] == "nemo-rl-run"
+    assert rep.facts["checkpoints"][0]["layout"] == "dcp"
+    assert not rep.findings, [(f.rule, f.message) for f in rep.findings]
+
+
+# ---- defect 5: a forced layout that does not fit is a finding ----------------------------------------
+@pytest.mark.parametrize("layout", ["megatron", "hf-trainer", "orbax"])
+def test_forced_layout_that_does_not_fit_fails(tmp_path, layout):
+    d = dcp_dir(tmp_path / "ck")
+    rc, out, err = cli("verify", str(d), "--layout", layout, "-f", "json")
+    doc = json.loads(out)
+    hits = [f for f in doc["findings"] if f["rule"] == "CKD902"]
+    assert rc == 1 and hits and f"--layout {layout}" in hits[0]["message"], (doc, err)
+
+
+def test_forced_layout_that_fits_is_judged_by_it(tmp_path):
+    d = dcp_dir(tmp_path / "ck")
+    rep = api.verify(str(d), layout="megatron-torch-dist")
+    assert rep.facts["layout"] == "megatron-torch-dist"
+    assert_fires(rep, "CKD101")  # metadata.json missing: what Megatron's loader would refuse
+
+
+# ---- defect 6: every config key is known and typed ---------------------------------------------------
+@pytest.mark.parametrize("toml, words", [
+    ("[verify]\nmtime-tolernce = 5\n", "[verify] unknown key 'mtime-tolernce'"),
+    ('[verify]\nmtime-tolerance = "abc"\n', "[verify] mtime-tolerance: expected a number"),
+    ("[verify]\nnum-experts = 0\n", "[verify] num-experts: must be at least 1"),
+    ("[publish]\nkeep-last = true\n", "[publish] keep-last: expected an integer"),
+    ('[preflight]\nranks = "4"\n', "[preflight] unknown key 'ranks'"),
+    ('fail-on = "sometimes"\n', "fail-on 'sometimes'"),
+    ('[severity]\nCKD107 = "loud"\n', "[severity] CKD107"),
+])
+def test_config_keys_are_known_and_typed(tmp_path, toml, words):
+    d = dcp_dir(tmp_path / "ck")
+    cfg = tmp_path / "ckptdoctor.toml"
+    cfg.write_text(toml)
+    rc, out, err = cli("verify", str(d), "--config", str(cfg))
+    assert rc == 2 and words in err and str(cfg) in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_config_option_applies_and_json_names_the_file(tmp_path):
+    d = dcp_dir(tmp_path / "ck")
+    shard = d / "__0_0.distcp"
+    t = os.stat(d / ".metadata").st_mtime
+    os.utime(shard, (t + 10, t + 10))  # 10 s newer than the marker
+    assert "CKD107" in api.verify(str(d)).rules()
+    cfg = tmp_path / "ckptdoctor.toml"
+    cfg.write_text("[verify]\nmtime-tolerance = 30\n")
+    rc, out, _ = cli("verify", str(d), "--config", str(cfg), "-f", "json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["config"] == str(cfg) and "CKD107" not in {f["rule"] for f in doc["findings"]}
+    rc, out, _ = cli("verify", str(d), "--config", str(cfg), "--mtime-tolerance", "2", "-f", "json")
+    assert "CKD107" in {f["rule"] for f in json.loads(out)["findings"]}  # the command line wins
