@@ -170,21 +170,14 @@ def merge(reports: List[str] = typer.Argument(..., help="JSON reports of `verify
     raise typer.Exit(1 if rep.failed() else 0)
 
 
-class TrackerOpt(str, Enum):
-    auto = "auto"
-    none = "none"
-    megatron = "megatron"
-    verl = "verl"
-    deepspeed = "deepspeed"
-
-
 @app.command(rich_help_panel="Publishing")
 def publish(
     src: str = typer.Argument(..., help="Local checkpoint directory to publish (e.g. node-local NVMe)."),
     dest_root: str = typer.Argument(..., help="Destination run root: a path or an fsspec URL (s3://...)."),
     name: Optional[str] = typer.Option(None, "--name", help="Name under DEST_ROOT [default: basename of SRC]."),
-    tracker: TrackerOpt = typer.Option(TrackerOpt.auto, "--tracker", help="Tracker to update last: auto "
-                                       "(from the checkpoint name and DEST_ROOT), none, or a format."),
+    tracker: str = typer.Option("auto", "--tracker", help="Tracker to update last: auto (from the checkpoint "
+                                "name and DEST_ROOT), none, or a family that writes one (megatron, verl, "
+                                "deepspeed, ...; see `ckptdoctor layouts`)."),
     replace: bool = typer.Option(False, "--replace", help="Replace an existing checkpoint of the same name "
                                  "with different content (atomic exchange; local destinations only)."),
     force: bool = typer.Option(False, "--force", help="Publish even if the source fails verification."),
@@ -204,7 +197,7 @@ def publish(
     from .commands import publish as flow
     c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet)
     eng = _engine("publish", src, c, {"workers": workers, "keep_last": keep_last, "keep_every": keep_every})
-    flow.run(src, dest_root, eng, name=name, force=force, replace=replace, tracker=tracker.value,
+    flow.run(src, dest_root, eng, name=name, force=force, replace=replace, tracker=tracker,
              keep_last=eng.opt("keep_last"), keep_every=eng.opt("keep_every"), workers=eng.opt("workers"),
              quiet=quiet)
     _finish(eng, format)  # refused = the source's error findings, so the exit status is 1
@@ -323,17 +316,20 @@ def rules(
 
 @app.command(rich_help_panel="Reference")
 def layouts(format: Fmt = typer.Option(Fmt.text, "--format", "-f", help="Output format (text or json).")):
-    """List the checkpoint layouts ckptdoctor knows (rules/layouts/*.yaml)."""
+    """List the checkpoint families and their layouts (rules/layouts/<family>.yaml)."""
     import json as _json
 
     from .layouts.spec import layouts as all_layouts
     ls = list(all_layouts().values())
     if format is Fmt.json:
-        _json.dump([{"name": l.name, "title": l.title, "scope": l.scope} for l in ls], sys.stdout, indent=2)
+        _json.dump([{"name": l.name, "family": l.family, "title": l.title, "scope": l.scope,
+                     "step_dirs": l.steps.format if l.steps else None,
+                     "tracker": l.tracker.file if l.tracker else None, "resume": l.resume} for l in ls],
+                   sys.stdout, indent=2)
         print()
         return
     for l in ls:
-        print(f"{l.name:<22} {l.scope:<10} {l.title}")
+        print(f"{l.name:<22} {l.family:<15} {l.scope:<10} {l.title}")
 
 
 @app.command(rich_help_panel="Reference")

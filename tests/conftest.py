@@ -47,9 +47,57 @@ def real(fixture_root, tmp_path):
     return copy
 
 
+@pytest.fixture(scope="session")
+def s3_server():
+    """One real S3-compatible server (moto's, on loopback) for the whole test run: (url, env)."""
+    moto_server = pytest.importorskip("moto.server")
+    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    srv.start()
+    host, port = srv.get_host_and_port()
+    url = f"http://{host}:{port}"
+    env = {"FSSPEC_S3_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    yield url, env
+    srv.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """The session's S3 server with its endpoint in this test's environment and a fresh bucket
+    (moto keeps state for the whole run): (env, fs, bucket)."""
+    import uuid
+    import fsspec
+    url, env = s3_server
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": url})  # read at import otherwise
+    fs = fsspec.filesystem("s3", endpoint_url=url, skip_instance_cache=True)
+    bucket = f"ckpts-{uuid.uuid4().hex[:8]}"
+    fs.mkdir(bucket)
+    return env, fs, bucket
+
+
 def pytest_addoption(parser):
     parser.addoption("--fuzz", action="store_true", default=False,
                      help="run the hypothesis fuzzers with the long profile (20,000 examples each)")
+
+
+_SLOW_MODULES = {"test_slurm", "test_sftp", "test_experts"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Markers for a quick inner loop (`bash scripts/test.sh -m "not slow"`): `torch` where a test
+    builds checkpoints with torch, `slurm` for the real cluster, `slow` for multi-process, cluster,
+    S3-server and kill-at-random-moments tests.  CI runs everything."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        mod = item.module.__name__ if item.module else ""
+        if names & {"fixture_root", "real"} or mod in ("test_verify_dcp", "test_megatron", "test_experts"):
+            item.add_marker(pytest.mark.torch)
+        if mod == "test_slurm":
+            item.add_marker(pytest.mark.slurm)
+        if mod in _SLOW_MODULES or names & {"s3", "s3_server", "fixture_root"} or "kill" in item.name:
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_configure(config):

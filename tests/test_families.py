@@ -220,35 +220,19 @@ def test_orbax_root(tmp_path):
 
 
 # ---- object stores: more than 1,000 objects ----------------------------------------------------------
-def test_s3_listing_over_1000_objects(tmp_path, monkeypatch):
-    moto_server = pytest.importorskip("moto.server")
-    import fsspec
-    import uuid
+def test_s3_listing_over_1000_objects(tmp_path, s3):
     from ckptdoctor.layouts import dcp_writer as W
+    env, fs, bucket = s3
     n = 1040
     d = tmp_path / "big"
     W.write(str(d), [W.Item("w", (n, 1), (r, 0), (1, 1), [1.0], rank=r) for r in range(n)])
-    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    srv.start()
-    try:
-        host, port = srv.get_host_and_port()
-        url = f"http://{host}:{port}"
-        for k, v in {"FSSPEC_S3_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
-                     "AWS_DEFAULT_REGION": "us-east-1"}.items():
-            monkeypatch.setenv(k, v)
-        monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": url})  # read at import otherwise
-        fs = fsspec.filesystem("s3", endpoint_url=url, skip_instance_cache=True)
-        bucket = f"big-{uuid.uuid4().hex[:8]}"
-        fs.mkdir(bucket)
-        fs.pipe({f"{bucket}/ckpt/{f}": (d / f).read_bytes() for f in os.listdir(d)})
-        rep = api.verify(f"s3://{bucket}/ckpt")
-        assert rep.facts["layout"] == "dcp"
-        assert_no_errors(rep)
-        fs.rm(f"{bucket}/ckpt/__1037_0.distcp")
-        fs.invalidate_cache()
-        assert_fires(api.verify(f"s3://{bucket}/ckpt"), "CKD103", path_contains="__1037_0.distcp")
-    finally:
-        srv.stop()
+    fs.pipe({f"{bucket}/ckpt/{f}": (d / f).read_bytes() for f in os.listdir(d)})
+    rep = api.verify(f"s3://{bucket}/ckpt")
+    assert rep.facts["layout"] == "dcp"
+    assert_no_errors(rep)
+    fs.rm(f"{bucket}/ckpt/__1037_0.distcp")
+    fs.invalidate_cache()
+    assert_fires(api.verify(f"s3://{bucket}/ckpt"), "CKD103", path_contains="__1037_0.distcp")
 
 
 @needs_torch

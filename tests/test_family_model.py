@@ -224,3 +224,56 @@ def test_config_option_applies_and_json_names_the_file(tmp_path):
     assert rc == 0 and doc["config"] == str(cfg) and "CKD107" not in {f["rule"] for f in doc["findings"]}
     rc, out, _ = cli("verify", str(d), "--config", str(cfg), "--mtime-tolerance", "2", "-f", "json")
     assert "CKD107" in {f["rule"] for f in json.loads(out)["findings"]}  # the command line wins
+
+
+# ---- the README's "adding a family" example works as written -----------------------------------------
+def test_readme_family_example_is_one_yaml_file(tmp_path, monkeypatch):
+    import re
+    from ckptdoctor.layouts import spec
+    from pathlib import Path
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    yaml_text = re.search(r"```yaml\n# rules/layouts/acme.yaml\n(.*?)```", readme, re.S).group(1)
+    rules = tmp_path / "rules"
+    shutil.copytree(Path(spec.data_dir()), rules)
+    (rules / "layouts" / "acme.yaml").write_text(yaml_text)
+    monkeypatch.setattr(spec, "data_dir", lambda: rules)
+    spec.families.cache_clear()
+    spec.layouts.cache_clear()
+    try:
+        run = tmp_path / "acme"
+        for s in (100, 200):
+            d = run / f"ckpt_{s:06d}"
+            d.mkdir(parents=True)
+            for r in (0, 1):
+                (d / f"shard_{r}.bin").write_bytes(b"x" * 8)
+            (d / "acme_state.json").write_text("{}")
+        (run / "LATEST").write_text("200")
+        rep = api.verify(str(run))
+        assert rep.facts["layout"] == "acme-run" and rep.facts["resume_from"] == "ckpt_000200"
+        assert_no_errors(rep)
+        (run / "ckpt_000200" / "acme_state.json").unlink()
+        rep = api.verify(str(run))
+        assert_fires(rep, "CKD101", path_contains="ckpt_000200")
+        assert_fires(rep, "CKD113")  # the tracker names an incomplete checkpoint
+        # publish writes Acme's tracker last, and never backwards
+        src = tmp_path / "src" / "ckpt_000300"
+        src.mkdir(parents=True)
+        for r in (0, 1):
+            (src / f"shard_{r}.bin").write_bytes(b"y" * 8)
+        (src / "acme_state.json").write_text("{}")
+        res = api.publish(str(src), str(run), tracker="acme")
+        assert res.tracker["written"] and (run / "LATEST").read_text() == "300"
+        # preflight knows which shard each rank reads: node-local copies, n1 lost rank 0's shard
+        from ckptdoctor.commands import preflight as pflow
+        for n in ("n1", "n2"):
+            shutil.copytree(run, tmp_path / "nodes" / n / "acme")
+        os.remove(tmp_path / "nodes" / "n1" / "acme" / "ckpt_000300" / "shard_0.bin")
+        loc = str(tmp_path / "nodes" / "{node}" / "acme")
+        eng = api.make_engine("preflight", loc)
+        pflow.run(loc, eng, pflow.allocation("n[1-2]", "1", None))
+        assert eng.report.facts["resume_from"] == "ckpt_000300"
+        hits = assert_fires(eng.report, "CKD401", severity="error")
+        assert [(h.details["node"], h.details["files"]) for h in hits] == [("n1", ["shard_0.bin"])]
+    finally:
+        spec.families.cache_clear()
+        spec.layouts.cache_clear()

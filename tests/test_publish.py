@@ -282,25 +282,6 @@ def test_random_kill_times(tmp_path):
 
 
 # ---- object stores (a real S3-compatible server on loopback) --------------------------------------
-@pytest.fixture
-def s3(monkeypatch):
-    moto_server = pytest.importorskip("moto.server")
-    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    srv.start()
-    host, port = srv.get_host_and_port()
-    env = {"FSSPEC_S3_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "k",
-           "AWS_SECRET_ACCESS_KEY": "s", "AWS_DEFAULT_REGION": "us-east-1"}
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    import fsspec
-    fs = fsspec.filesystem("s3", endpoint_url=env["FSSPEC_S3_ENDPOINT_URL"], skip_instance_cache=True)
-    import uuid
-    bucket = f"ckpts-{uuid.uuid4().hex[:8]}"  # moto keeps state per process: a fresh bucket per test
-    fs.mkdir(bucket)
-    yield env, fs, bucket
-    srv.stop()
-
-
 def test_publish_to_s3_and_kill_mid_upload(tmp_path, s3):
     env, fs, bucket = s3
     src = tmp_path / "src"

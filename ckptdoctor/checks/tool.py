@@ -1,6 +1,9 @@
 """Tool-level findings (9xx): things ckptdoctor could not do, reported as findings."""
 from ..engine.registry import register_external
 
-register_external("CKD900", "tool")   # a check crashed (bug): see Engine.run_scope
-register_external("CKD901", "tool")   # a file or directory inside the target is unreadable
-register_external("CKD902", "tool")   # nothing recognisable at the target
+# a check crashed (a bug): Engine.run_scope, wherever checks run
+register_external("CKD900", ("verify", "publish", "reconcile", "preflight"))
+# a file or directory inside the target is unreadable: verify's and publish's checkpoint checks
+register_external("CKD901", ("verify", "publish"))
+# nothing recognisable at the target, or a forced layout that does not fit: verify
+register_external("CKD902", ("verify",))

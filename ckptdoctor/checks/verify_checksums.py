@@ -84,7 +84,7 @@ def content(ck, eng) -> ContentResult | None:
     return res
 
 
-@check("CKD150", "checkpoint")
+@check("CKD150", "checkpoint", option="checksums")
 def manifest_missing(ck, eng):
     res = content(ck, eng)
     if res is not None and not res.sources and res.walk_error is None:
@@ -94,7 +94,7 @@ def manifest_missing(ck, eng):
                        "`ckptdoctor publish`)")
 
 
-@check("CKD151", "checkpoint")
+@check("CKD151", "checkpoint", option="checksums")
 def checksum_mismatch(ck, eng):
     res = content(ck, eng)
     for d in (res.changed if res else []):
@@ -104,7 +104,7 @@ def checksum_mismatch(ck, eng):
                        "run); re-copy it from the source")
 
 
-@check("CKD152", "checkpoint")
+@check("CKD152", "checkpoint", option="checksums")
 def listed_file_missing(ck, eng):
     res = content(ck, eng)
     for rel, source in (res.missing if res else []):
@@ -112,7 +112,7 @@ def listed_file_missing(ck, eng):
                   details={"file": rel, "source": source})
 
 
-@check("CKD153", "checkpoint")
+@check("CKD153", "checkpoint", option="checksums")
 def unlisted_file(ck, eng):
     res = content(ck, eng)
     for rel, source in (res.extra if res else []):
@@ -120,7 +120,7 @@ def unlisted_file(ck, eng):
                   hint="added after the manifest was written; remove it or rewrite the manifest if intended")
 
 
-@check("CKD154", "checkpoint")
+@check("CKD154", "checkpoint", option="checksums")
 def manifest_unreadable(ck, eng):
     res = content(ck, eng)
     for source, msg in (res.problems if res else []):

@@ -6,6 +6,7 @@ import os
 from ..engine.errors import InputError, UsageError
 from ..engine.runner import Engine
 from ..io.fs import open_location
+from ..layouts import spec
 from ..layouts.locate import locate
 from ..publishing import flow as pf
 from . import verify as vflow
@@ -17,6 +18,8 @@ def run(src: str, dest_root: str, engine: Engine, *, name: str | None = None, fo
     """Returns the result, or None when the source failed verification (findings in the report)."""
     if "://" in src and not src.startswith("file://"):
         raise UsageError(f"{src}: publish copies from a local checkpoint directory (node-local disk)")
+    if tracker not in ("auto", "none"):
+        spec.for_tracker_option(tracker)  # an unknown family is a usage error before anything is read
     src = src[len("file://"):] if src.startswith("file://") else src
     src = os.path.abspath(src)
     st = open_location(src)

@@ -26,28 +26,47 @@ CHECK_MODULES = (
 )
 
 
+# Which subcommands run the checks of each scope (publish verifies its source checkpoint), and
+# which subcommands offer the options that switch a check on.  A rule's `subcommands` in the
+# catalog is tested against what this derives (tests/test_catalog.py).
+SCOPE_COMMANDS = {"checkpoint": ("verify", "publish"), "run": ("verify",), "reconcile": ("reconcile",),
+                  "preflight": ("preflight",)}
+OPTION_COMMANDS = {"checksums": ("verify",)}
+
+
 @dataclass(frozen=True)
 class Check:
     rule: str
     scope: str
     fn: Callable
+    option: str | None = None                  # an engine option that must be set for it to fire
+    commands: tuple[str, ...] | None = None    # external rules: the subcommands that emit them
+
+    @property
+    def subcommands(self) -> tuple[str, ...]:
+        if self.commands is not None:
+            return self.commands
+        cmds = SCOPE_COMMANDS.get(self.scope, ())
+        if self.option:
+            cmds = tuple(c for c in cmds if c in OPTION_COMMANDS[self.option])
+        return cmds
 
 
 _REGISTRY: dict[str, Check] = {}
 
 
-def check(rule_id: str, scope: str):
+def check(rule_id: str, scope: str, option: str | None = None, commands: tuple[str, ...] | None = None):
     def deco(fn):
         if rule_id in _REGISTRY:
             raise RuntimeError(f"rule {rule_id} registered twice")
-        _REGISTRY[rule_id] = Check(rule_id, scope, fn)
+        _REGISTRY[rule_id] = Check(rule_id, scope, fn, option, commands)
         return fn
     return deco
 
 
-def register_external(rule_id: str, scope: str):
-    """For rules whose finding is raised by a subcommand's own flow (publish, tool errors)."""
-    return check(rule_id, scope)(lambda *a, **k: ())
+def register_external(rule_id: str, commands: tuple[str, ...]):
+    """For rules whose finding is raised by a subcommand's own flow (tool errors)."""
+    return check(rule_id, "tool", commands=commands)(lambda *a, **k: ())
 
 
 def load_all() -> dict[str, Check]:
