@@ -49,11 +49,14 @@ def sshd(tmp_path_factory):
         f"PidFile {d}/sshd.pid\nSubsystem sftp internal-sftp\n")
     os.makedirs("/run/sshd", exist_ok=True)
     subprocess.run([SSHD, "-f", str(d / "sshd_config"), "-E", str(d / "sshd.log")], check=True)
-    for _ in range(50):
-        if (d / "sshd.pid").exists():
+    pid_text = ""
+    for _ in range(100):  # the pid file appears before its content is written: wait for a number
+        pid_text = (d / "sshd.pid").read_text().strip() if (d / "sshd.pid").exists() else ""
+        if pid_text.isdigit():
             break
         time.sleep(0.1)
-    pid = int((d / "sshd.pid").read_text())
+    assert pid_text.isdigit(), f"sshd did not start: {(d / 'sshd.log').read_text()[-500:]}"
+    pid = int(pid_text)
     try:
         yield {"port": port, "env": {"FSSPEC_SFTP_KEY_FILENAME": str(d / "userkey")}}
     finally:
