@@ -60,13 +60,14 @@ def publish(src: str, dest_root: str, *, name: str | None = None, tracker: str =
             workers: int | None = None, quiet: bool = True):
     """Publish checkpoint directory `src` to `dest_root/<name>` whole or not at all.
 
-    Returns a PublishResult; raises ckptdoctor.engine.errors.PublishRefused (with the source's
-    findings) when the source fails verification and `force` is False."""
+    Returns a PublishResult; raises ckptdoctor.publishing.flow.PublishRefused (its `.report` holds
+    the source's findings) when the source fails verification and `force` is False."""
     from .commands import publish as flow
     from .publishing.flow import PublishRefused
-    eng = make_engine("publish", src)
+    from .report.progress import Progress
+    eng = make_engine("publish", src, progress=None if quiet else (lambda total, label: Progress(total, label)))
     res = flow.run(src, dest_root, eng, name=name, force=force, replace=replace, tracker=tracker,
-                   keep_last=keep_last, keep_every=keep_every, workers=workers, quiet=quiet)
+                   keep_last=keep_last, keep_every=keep_every, workers=workers)
     if res is None:
         errs = [f for f in eng.report.findings if f.severity == "error"]
         exc = PublishRefused(f"{src}: not published, the source fails verification: " +

@@ -198,8 +198,7 @@ def publish(
     c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet)
     eng = _engine("publish", src, c, {"workers": workers, "keep_last": keep_last, "keep_every": keep_every})
     flow.run(src, dest_root, eng, name=name, force=force, replace=replace, tracker=tracker,
-             keep_last=eng.opt("keep_last"), keep_every=eng.opt("keep_every"), workers=eng.opt("workers"),
-             quiet=quiet)
+             keep_last=eng.opt("keep_last"), keep_every=eng.opt("keep_every"), workers=eng.opt("workers"))
     _finish(eng, format)  # refused = the source's error findings, so the exit status is 1
 
 

@@ -171,7 +171,7 @@ def _publish_scene(root: str, run: str, fmt: str, out) -> bool:
                       else "\n")
             out.write(f"$ ckptdoctor publish {src} {durable}\n")
         eng = make_engine("publish", src)
-        res = flow.run(src, durable, eng, quiet=True)
+        res = flow.run(src, durable, eng)
         render(eng.report, fmt, out)
         ok = ok and ((res is None) if name == "iter_0000300" else (res is not None and res.status == "published"))
     eng = make_engine("verify", durable, checksums=True)

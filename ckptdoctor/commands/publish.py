@@ -14,7 +14,7 @@ from . import verify as vflow
 
 def run(src: str, dest_root: str, engine: Engine, *, name: str | None = None, force: bool = False,
         replace: bool = False, tracker: str = "auto", keep_last: int | None = None,
-        keep_every: int | None = None, workers: int | None = None, quiet: bool = False) -> pf.PublishResult | None:
+        keep_every: int | None = None, workers: int | None = None) -> pf.PublishResult | None:
     """Returns the result, or None when the source failed verification (findings in the report)."""
     if "://" in src and not src.startswith("file://"):
         raise UsageError(f"{src}: publish copies from a local checkpoint directory (node-local disk)")
@@ -45,11 +45,7 @@ def run(src: str, dest_root: str, engine: Engine, *, name: str | None = None, fo
     common = dict(replace=replace, tracker=tracker, keep_last=keep_last, keep_every=keep_every,
                   workers=workers, progress_factory=engine.progress)
     try:
-        if pf.is_remote(dest_root):
-            res = pf.publish_remote(src, dest_root, name, markers, ck.layout.name, **common)
-        else:
-            root = dest_root[len("file://"):] if dest_root.startswith("file://") else dest_root
-            res = pf.publish_local(src, os.path.abspath(root), name, ck.layout.name, **common)
+        res = pf.publish(pf.destination(dest_root), src, name, ck.layout.name, markers, **common)
     except OSError as exc:
         raise InputError(f"publish: {exc}") from None
     rep.facts["published"] = res.to_json()

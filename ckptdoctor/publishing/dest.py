@@ -1,13 +1,10 @@
-"""A publish destination as the commit protocol sees it, and the after-commit step both kinds share.
+"""A publish destination's writable interface, and the after-commit step every commit strategy shares.
 
-Two commit strategies implement the same phases (stage, fill, seal, commit, after-commit):
-  * rename-commit (`LocalDest`, POSIX): stage into a temp directory, fill it with copied and hashed
-    files, seal (fsync files, manifest, fsync dirs), commit with renameat2(RENAME_NOREPLACE).
-  * marker-commit (`ObjectDest`, object stores): stage with an in-progress object, fill by upload,
-    seal by confirming every size with a fresh listing, commit by creating the manifest exclusively.
-After-commit is identical and lives here once: the tracker (never backwards, written last and
-atomically), then retention, which never prunes the tracker's target, the checkpoint just published,
-or one still being written -- whatever `--tracker` says.
+`LocalDest` (a POSIX directory) and `ObjectDest` (an fsspec object store) list, read and write
+the destination root; the commit strategies in flow.py (`LocalCommit`: rename-commit,
+`ObjectCommit`: marker-commit) build on them.  After-commit lives here once: the tracker (never
+backwards, written last and atomically), then retention, which never prunes the tracker's target,
+the checkpoint just published, or one still being written -- whatever `--tracker` says.
 """
 from __future__ import annotations
 

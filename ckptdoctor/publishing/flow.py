@@ -1,12 +1,13 @@
 """publish: a checkpoint appears at DEST_ROOT/<name> whole or not at all, then the tracker moves.
 
-Local destination (one filesystem, rename is atomic):
-  verify SRC -> copy+hash into DEST_ROOT/.<name>.ckptdoctor-tmp-<host>-<pid>-<nonce> -> fsync files
-  -> manifest -> fsync dirs -> renameat2(NOREPLACE) to <name> (or RENAME_EXCHANGE for --replace)
-  -> fsync DEST_ROOT -> tracker (temp, fsync, rename, fsync) -> retention.
-Object store (no rename): write <name>/.ckptdoctor-publishing, upload data objects, then the
-framework's markers, confirm every size with one listing per directory, write the manifest with
-exclusive create (the commit), remove the in-progress object, then the tracker.
+One protocol, `publish()`: stage, fill, seal, commit, after-commit, over two strategies:
+  rename-commit (`LocalCommit`, one POSIX filesystem): copy+hash into
+    DEST_ROOT/.<name>.ckptdoctor-tmp-<host>-<pid>-<nonce>, fsync files, manifest, fsync dirs,
+    renameat2(NOREPLACE) to <name> (RENAME_EXCHANGE for --replace), fsync DEST_ROOT.
+  marker-commit (`ObjectCommit`, object stores, no rename): <name>/.ckptdoctor-publishing, upload
+    data objects then the framework's markers, confirm every size with one listing per directory,
+    create the manifest exclusively (the commit), remove the in-progress object.
+Then, for both: the tracker (temp, fsync, rename, fsync locally; one PUT remotely), then retention.
 """
 from __future__ import annotations
 
@@ -114,80 +115,141 @@ def _clean_own_leftovers(root: str, name: str, result: PublishResult) -> None:
         fsync_dir(root)
 
 
-def publish_local(src: str, dest_root: str, name: str, layout: str | None, *, replace: bool, tracker: str,
-                  keep_last, keep_every, workers, progress_factory) -> PublishResult:
-    t0 = time.perf_counter()
-    res = PublishResult(src, dest_root, name)
+def publish(dest, src: str, name: str, layout: str | None, markers: set[str], *, replace: bool, tracker: str,
+            keep_last, keep_every, workers, progress_factory) -> PublishResult:
+    """The one commit protocol: stage, fill, seal, commit, after-commit -- over a rename-commit
+    (`LocalCommit`) or marker-commit (`ObjectCommit`) destination."""
     try:
-        os.makedirs(dest_root, exist_ok=True)
-    except PermissionError:
-        raise InputError(f"{dest_root}: destination not writable (permission denied)") from None
-    except OSError as exc:
-        raise InputError(f"{dest_root}: cannot create destination: {exc.strerror or exc}") from None
-    if not os.access(dest_root, os.W_OK | os.X_OK):
-        raise InputError(f"{dest_root}: destination not writable")
+        return _publish(dest, src, name, layout, markers, replace=replace, tracker=tracker, keep_last=keep_last,
+                        keep_every=keep_every, workers=workers, progress_factory=progress_factory)
+    except CkptDoctorError:
+        raise
+    except Exception as exc:
+        dest.translate(exc)  # a storage error as the exit-code contract says, or unchanged
+        raise
+
+
+def _publish(dest, src, name, layout, markers, *, replace, tracker, keep_last, keep_every, workers,
+             progress_factory) -> PublishResult:
+    t0 = time.perf_counter()
+    res = PublishResult(src, dest.display, name)
+    dest.prepare(name, replace, res)
     dirs, files = list_tree(src)
     files.pop(mf.NAME, None)  # the published manifest is computed from the bytes copied
     res.files, res.bytes = len(files), sum(files.values())
-    _clean_own_leftovers(dest_root, name, res)
-    final = os.path.join(dest_root, name)
-    exists = os.path.lexists(final)
+    exists = dest.exists(name)
     if exists:
-        man = os.path.join(final, mf.NAME)
         prog = progress_factory(res.bytes, f"comparing {name}")
-        same = os.path.exists(man) and _same_content(src, files, open(man, "rb").read(), workers, prog)
-        prog.close()
+        try:
+            man = dest.published_manifest(name)
+            same = man is not None and _same_content(src, files, man, workers, prog)
+        finally:
+            prog.close()
         if same:
             res.status = "unchanged"
-            res.notes.append(f"{final} already holds exactly these bytes (manifest matches); nothing copied")
-            after_commit(LocalDest(dest_root), name, res, tracker, keep_last, keep_every)
+            res.notes.append(f"{dest.show(name)} already holds exactly these bytes (manifest matches); "
+                             f"nothing copied")
+            dest.finish_unchanged(name)
+            after_commit(dest, name, res, tracker, keep_last, keep_every)
             res.seconds = time.perf_counter() - t0
             return res
         if not replace:
-            raise UsageError(f"{final}: exists with different content; refusing to overwrite a published "
+            raise UsageError(f"{dest.show(name)}: exists with different content; refusing to overwrite a published "
                              f"checkpoint (use --replace, or publish under another name)")
-    tmp = os.path.join(dest_root, naming.temp_name(name))
-    try:
-        os.mkdir(tmp, 0o755)
-    except PermissionError:
-        raise InputError(f"{dest_root}: destination not writable (permission denied)") from None
+    stage = dest.stage(name)
     try:
         prog = progress_factory(res.bytes, f"publishing {name}")
         try:
-            copied = copy_tree(src, tmp, dirs, files, workers, prog)
+            copied = dest.fill(stage, src, dirs, files, markers, workers, prog)
         finally:
             prog.close()
         src_man = os.path.join(src, mf.NAME)
         if os.path.exists(src_man):  # the source's own manifest must agree with what was read
             _check_source_manifest(src_man, copied)
-        write_new(os.path.join(tmp, mf.NAME), _manifest(copied, layout, hashing.CHUNK_BYTES))
+        dest.seal(stage, dirs, files, _manifest(copied, layout, hashing.CHUNK_BYTES))
+        res.status = dest.commit(stage, name, exists)
+    except BaseException as exc:
+        dest.abort(stage, exc)
+        raise
+    after_commit(dest, name, res, tracker, keep_last, keep_every)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+class LocalCommit(LocalDest):
+    """rename-commit: stage in a temp directory beside the final name, fill it by copying and
+    hashing, seal (fsync files, manifest, fsync dirs), commit with renameat2(RENAME_NOREPLACE)
+    (or RENAME_EXCHANGE for --replace), fsync DEST_ROOT."""
+
+    def show(self, name: str) -> str:
+        return os.path.join(self.root, name)
+
+    def prepare(self, name: str, replace: bool, res: PublishResult) -> None:
+        try:
+            os.makedirs(self.root, exist_ok=True)
+        except PermissionError:
+            raise InputError(f"{self.root}: destination not writable (permission denied)") from None
+        except OSError as exc:
+            raise InputError(f"{self.root}: cannot create destination: {exc.strerror or exc}") from None
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise InputError(f"{self.root}: destination not writable")
+        _clean_own_leftovers(self.root, name, res)
+
+    def exists(self, name: str) -> bool:
+        return os.path.lexists(self.show(name))
+
+    def published_manifest(self, name: str) -> bytes | None:
+        p = os.path.join(self.show(name), mf.NAME)
+        return open(p, "rb").read(mf.MAX_MANIFEST_BYTES) if os.path.isfile(p) else None
+
+    def finish_unchanged(self, name: str) -> None:
+        pass
+
+    def stage(self, name: str) -> str:
+        tmp = os.path.join(self.root, naming.temp_name(name))
+        try:
+            os.mkdir(tmp, 0o755)
+        except PermissionError:
+            raise InputError(f"{self.root}: destination not writable (permission denied)") from None
+        return tmp
+
+    def fill(self, tmp, src, dirs, files, markers, workers, progress) -> dict:
+        return copy_tree(src, tmp, dirs, files, workers, progress)
+
+    def seal(self, tmp, dirs, files, manifest: bytes) -> None:
+        write_new(os.path.join(tmp, mf.NAME), manifest)
         faults.point("manifest")
         fsync_tree_dirs(tmp, dirs)
+
+    def commit(self, tmp: str, name: str, exists: bool) -> str:
+        final = self.show(name)
         if exists:
-            _swap(tmp, final, dest_root, name)
-            res.status = "replaced"
+            _swap(tmp, final, self.root, name)
+            status = "replaced"
         else:
             try:
                 rename_noreplace(tmp, final)
             except FileExistsError:
                 raise UsageError(f"{final}: appeared while publishing (another publisher?); "
                                  f"nothing replaced") from None
-            fsync_dir(dest_root)
+            fsync_dir(self.root)
+            status = "published"
         faults.point("rename")
-    except BaseException as exc:
+        return status
+
+    def abort(self, tmp: str, exc: BaseException) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, SourceChanged):
             raise InputError(f"publish aborted: {exc}; nothing published, tracker untouched") from None
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise InputError(f"{dest_root}: no space left (or quota exceeded) after copying part of "
-                             f"{name}; temporary copy removed, tracker untouched") from None
-        if isinstance(exc, PermissionError):
-            raise InputError(f"{exc.filename or dest_root}: permission denied while publishing; "
+            raise InputError(f"{self.root}: no space left (or quota exceeded) while publishing; "
                              f"temporary copy removed, tracker untouched") from None
-        raise
-    after_commit(LocalDest(dest_root), name, res, tracker, keep_last, keep_every)
-    res.seconds = time.perf_counter() - t0
-    return res
+        if isinstance(exc, PermissionError):
+            raise InputError(f"{exc.filename or self.root}: permission denied while publishing; "
+                             f"temporary copy removed, tracker untouched") from None
+
+    def translate(self, exc: Exception) -> None:
+        pass  # commands/publish.py reports a local OSError as one line
 
 
 def _check_source_manifest(path: str, copied: dict) -> None:
@@ -222,87 +284,80 @@ def _swap(tmp: str, final: str, root: str, name: str) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-# ---- object stores ------------------------------------------------------------------------------
-def publish_remote(src: str, dest_root: str, name: str, markers: set[str], layout: str | None, *, replace: bool,
-                   tracker: str, keep_last, keep_every, workers, progress_factory) -> PublishResult:
-    import fsspec
-    t0 = time.perf_counter()
-    res = PublishResult(src, dest_root, name)
-    if replace:
-        raise UsageError("--replace is refused on object stores: without an atomic rename a replaced "
-                         "checkpoint would be a mix of two generations; publish under a new name")
-    try:
-        fs, root = fsspec.core.url_to_fs(dest_root)
-    except (ImportError, ValueError) as exc:
-        raise InputError(f"{dest_root}: {exc}") from None
-    root = root.rstrip("/")
-    final = f"{root}/{name}"
-    dirs, files = list_tree(src)
-    files.pop(mf.NAME, None)
-    res.files, res.bytes = len(files), sum(files.values())
-    inprog = naming.in_progress_object()
-    try:
-        if fs.exists(f"{final}/{mf.NAME}"):
-            prog = progress_factory(res.bytes, f"comparing {name}")
-            same = _same_content(src, files, fs.cat_file(f"{final}/{mf.NAME}"), workers, prog)
-            prog.close()
-            if same:
-                res.status = "unchanged"
-                res.notes.append(f"{dest_root.rstrip('/')}/{name} already holds exactly these bytes")
-                if fs.exists(f"{final}/{inprog}"):
-                    fs.rm_file(f"{final}/{inprog}")
-                after_commit(ObjectDest(fs, root, dest_root), name, res, tracker, keep_last, keep_every)
-                res.seconds = time.perf_counter() - t0
-                return res
-            raise UsageError(f"{dest_root.rstrip('/')}/{name}: exists with different content; publish under "
-                             f"another name")
-        fs.pipe_file(f"{final}/{inprog}", json.dumps({"host": naming.HOST, "pid": os.getpid(),
-                                                      "started": _now()}).encode())
+class ObjectCommit(ObjectDest):
+    """marker-commit (no rename on object stores): stage with `<name>/.ckptdoctor-publishing`,
+    fill by uploading data objects then the framework's markers, seal by confirming every size with
+    one fresh listing per directory, commit by creating the manifest exclusively, then remove the
+    in-progress object."""
+
+    def show(self, name: str) -> str:
+        return f"{self.display.rstrip('/')}/{name}"
+
+    def prepare(self, name: str, replace: bool, res: PublishResult) -> None:
+        if replace:
+            raise UsageError("--replace is refused on object stores: without an atomic rename a replaced "
+                             "checkpoint would be a mix of two generations; publish under a new name")
+
+    def exists(self, name: str) -> bool:
+        return self.fs.exists(f"{self.root}/{name}/{mf.NAME}")
+
+    def published_manifest(self, name: str) -> bytes | None:
+        return self.fs.cat_file(f"{self.root}/{name}/{mf.NAME}")
+
+    def finish_unchanged(self, name: str) -> None:
+        inprog = f"{self.root}/{name}/{naming.in_progress_object()}"
+        if self.fs.exists(inprog):
+            self.fs.rm_file(inprog)
+
+    def stage(self, name: str) -> str:
+        final = f"{self.root}/{name}"
+        self.fs.pipe_file(f"{final}/{naming.in_progress_object()}",
+                          json.dumps({"host": naming.HOST, "pid": os.getpid(), "started": _now()}).encode())
+        return final
+
+    def fill(self, final, src, dirs, files, markers, workers, progress) -> dict:
         data = sorted((r for r in files if r not in markers), key=lambda r: -files[r])
         last = sorted(r for r in files if r in markers)
-        prog = progress_factory(res.bytes, f"uploading {name}")
-        try:
-            copied = _upload(fs, src, final, data, workers, prog)
-            faults.point("upload")
-            copied.update(_upload(fs, src, final, last, workers, prog))  # framework markers after data
-        finally:
-            prog.close()
+        copied = _upload(self.fs, src, final, data, workers, progress)
+        faults.point("upload")
+        copied.update(_upload(self.fs, src, final, last, workers, progress))  # framework markers after data
+        return copied
+
+    def seal(self, final, dirs, files, manifest: bytes) -> None:
         listed = {}
         for d in {"", *dirs}:
             base = f"{final}/{d}" if d else final
-            for it in _ls_fresh(fs, base):
+            for it in _ls_fresh(self.fs, base):
                 if it.get("type") != "directory":
                     listed[it["name"][len(final) + 1:]] = it.get("size")
         bad = [r for r in files if listed.get(r) != files[r]]
         if bad:
-            raise InputError(f"{dest_root}: uploaded object size mismatch for {bad[0]} "
+            raise InputError(f"{self.display}: uploaded object size mismatch for {bad[0]} "
                              f"({listed.get(bad[0])} != {files[bad[0]]}); not committed")
-        man = _manifest(copied, layout, hashing.CHUNK_BYTES)
+        self._manifest = manifest
+
+    def commit(self, final: str, name: str, exists: bool) -> str:
         try:
-            fs.pipe_file(f"{final}/{mf.NAME}", man, mode="create")
+            self.fs.pipe_file(f"{final}/{mf.NAME}", self._manifest, mode="create")
         except TypeError:  # filesystems without exclusive create
-            if fs.exists(f"{final}/{mf.NAME}"):
-                raise FileExistsError(f"{final}/{mf.NAME}") from None
-            fs.pipe_file(f"{final}/{mf.NAME}", man)
+            if self.fs.exists(f"{final}/{mf.NAME}"):
+                raise UsageError(f"{final}: another publisher committed first; nothing overwritten") from None
+            self.fs.pipe_file(f"{final}/{mf.NAME}", self._manifest)
         except FileExistsError:
             raise UsageError(f"{final}: another publisher committed first; nothing overwritten") from None
         faults.point("manifest")
-        fs.rm_file(f"{final}/{inprog}")
-        after_commit(ObjectDest(fs, root, dest_root), name, res, tracker, keep_last, keep_every)
-    except CkptDoctorError:
-        raise
-    except OSError as exc:
+        self.fs.rm_file(f"{final}/{naming.in_progress_object()}")
+        return "published"
+
+    def abort(self, final: str, exc: BaseException) -> None:
+        pass  # nothing to roll back: without the manifest the upload is uncommitted (CKD201); a re-run finishes it
+
+    def translate(self, exc: Exception) -> None:
         if is_transient(exc):
-            raise TransientError(f"{dest_root}: storage unreachable while publishing: {exc}; not committed "
+            raise TransientError(f"{self.display}: storage unreachable while publishing: {exc}; not committed "
                                  f"(re-run to finish)") from None
-        raise InputError(f"{dest_root}: {exc}; not committed (re-run to finish)") from None
-    except Exception as exc:
-        if is_transient(exc):
-            raise TransientError(f"{dest_root}: storage unreachable while publishing: {exc}; not committed "
-                                 f"(re-run to finish)") from None
-        raise
-    res.seconds = time.perf_counter() - t0
-    return res
+        if isinstance(exc, OSError):
+            raise InputError(f"{self.display}: {exc}; not committed (re-run to finish)") from None
 
 
 def _ls_fresh(fs, path: str) -> list[dict]:
@@ -345,5 +400,14 @@ def _upload(fs, src: str, final: str, rels: list[str], workers, progress) -> dic
         return {r: f.result() for r, f in futs.items()}
 
 
-def is_remote(dest_root: str) -> bool:
-    return is_url(dest_root) and not dest_root.startswith("file://")
+def destination(dest_root: str):
+    """The commit strategy for DEST_ROOT: marker-commit on object stores, rename-commit elsewhere."""
+    if is_url(dest_root) and not dest_root.startswith("file://"):
+        import fsspec
+        try:
+            fs, root = fsspec.core.url_to_fs(dest_root)
+        except (ImportError, ValueError) as exc:
+            raise InputError(f"{dest_root}: {exc}") from None
+        return ObjectCommit(fs, root.rstrip("/"), dest_root)
+    root = dest_root[len("file://"):] if dest_root.startswith("file://") else dest_root
+    return LocalCommit(os.path.abspath(root))

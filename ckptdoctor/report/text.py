@@ -57,7 +57,8 @@ def render(report, out) -> None:
                                style="dim"))
             if f.hint:
                 con.print(Text(f"           hint: {f.hint}", style="dim"))
-    if facts.get("kind") == "run" and rows:
+    cmd = report.command
+    if cmd == "verify" and facts.get("kind") == "run" and rows:
         t = Table(title=f"{report.target} ({facts.get('layout')})", title_justify="left")
         for col in ("checkpoint", "step", "complete", "size", "age", "findings"):
             t.add_column(col)
@@ -66,18 +67,18 @@ def render(report, out) -> None:
             t.add_row(r["name"], str(r["step"]), Text(ok, style="green" if r["complete"] else "red"),
                       _size(r["bytes"]), _age(r["age_seconds"]), str(r["findings"]))
         con.print(t)
-    if facts.get("kind") == "run":
+    if cmd == "verify" and facts.get("kind") == "run":
         rf, nc = facts.get("resume_from"), facts.get("newest_complete")
         con.print(Text(f"framework will resume from: {rf or 'nothing (starts from step 0)'}", style="bold"))
         con.print(Text(f"newest complete checkpoint: {nc or 'none'}", style="bold"))
         if rf != nc and nc:
             con.print(Text(f"hint: the framework will not load {nc}; fix the tracker/markers named above "
                            f"before relaunching", style="yellow"))
-    if "positions" in facts:
+    if cmd == "reconcile" and "positions" in facts:
         _reconcile(con, facts)
-    if "published" in facts:
+    if cmd == "publish" and "published" in facts:
         _publish(con, facts)
-    if report.command == "preflight" and "nodes" in facts:
+    if cmd == "preflight" and "nodes" in facts:
         _preflight(con, facts)
     for line in facts.get("notes") or []:
         con.print(Text(line))

@@ -1,0 +1,1 @@
+"""Preflight: node views of a new allocation and what each rank can read."""
