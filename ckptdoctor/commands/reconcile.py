@@ -40,11 +40,12 @@ class ReconcileView:
     def path_of(self, field: str) -> str:
         if self.state_file:
             return self.display
-        src = self.rs.provenance.get(field, "")
-        fname = src.split(":", 1)[0] if ":" in src and not src.startswith(("derived", "default", "fallback")) else ""
-        if fname.startswith(("/", "s3://", "gs://", "memory://", "file://")):
-            return fname
-        return self.st.show(fname) if fname and "directory name" not in src else self.display
+        src = self.rs.source(field)
+        if src.kind != "file" or not src.file:
+            return self.display
+        if src.file.startswith("/") or "://" in src.file:
+            return src.file
+        return self.st.show(src.file)
 
     def parent_show(self, name: str) -> str:
         return self.parent.show(name) if self.parent else name
@@ -158,15 +159,15 @@ def fix(view: ReconcileView, output: str | None = None) -> tuple[str, str | None
     plan = view.plan
     if not plan.safe:
         raise UsageError(f"reconcile --fix: nothing safe to repair: {plan.reason}")
-    src = view.rs.provenance.get("sampler.cursor", "")
+    src = view.rs.source("sampler.cursor")
     if view.state_file:
         fname, path = view.state_file, "sampler.cursor"
-    elif view.rs.get("sampler.cursor_source") == "saved" and ":" in src:
-        fname, path = src.split(":", 1)
+    elif view.rs.get("sampler.cursor_source") == "saved" and src.kind == "file" and src.path:
+        fname, path = src.file, src.path
     else:
         raise UsageError("reconcile --fix: the cursor is not stored in the checkpoint (it is derived from "
-                         f"{src or 'the trainer version'}), so there is nothing to rewrite; the framework "
-                         "version that wrote it needs the code fix")
+                         f"{view.rs.provenance.get('sampler.cursor') or 'the trainer version'}), so there is "
+                         "nothing to rewrite; the framework version that wrote it needs the code fix")
     if not fname.endswith((".json", ".yaml", ".yml")):
         raise UsageError(f"reconcile --fix: the cursor lives in {fname}, which ckptdoctor does not rewrite")
     if not isinstance(view.st, LocalStorage) and output is None:

@@ -38,6 +38,30 @@ STATUSES = ("ready", "inflight", "reserved", "admitted", "finalized")
 CURSOR_SOURCES = ("saved", "derived", "restored_targets", "absent")
 
 
+@dataclass(frozen=True)
+class Provenance:
+    """Where a field's value came from, parsed once from its provenance string (the run_state/v1
+    form: 'FILE:PATH', 'derived...', 'fallback...', 'default...', 'directory name NAME')."""
+    kind: str                 # file | derived | fallback | default | dirname | none
+    file: str | None = None
+    path: str | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> "Provenance":
+        if not text:
+            return cls("none")
+        for kind in ("derived", "fallback", "default"):
+            if text.startswith(kind):
+                return cls(kind)
+        if text.startswith("directory name "):
+            return cls("dirname", path=text[len("directory name "):])
+        scheme = text.find("://")
+        colon = text.find(":", scheme + 3 if scheme >= 0 else 0)  # a URL keeps its scheme's colon
+        if colon > 0:
+            return cls("file", text[:colon], text[colon + 1:])
+        return cls("file", text, None)
+
+
 @dataclass
 class RunState:
     doc: dict[str, Any]
@@ -52,6 +76,9 @@ class RunState:
 
     def where(self, dotted: str) -> str:
         return self.provenance.get(dotted) or f"{self.origin}:{dotted}"
+
+    def source(self, dotted: str) -> Provenance:
+        return Provenance.parse(self.provenance.get(dotted))
 
     @property
     def groups(self) -> list[dict]:
