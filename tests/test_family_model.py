@@ -166,6 +166,21 @@ def test_plain_dcp_in_an_iter_named_directory_is_dcp(tmp_path):
     assert_fires(rep, "CKD101", path_contains="iter_0000100")
 
 
+def test_megatron_run_claims_its_dcp_directory_without_metadata_json(tmp_path):
+    """Inside a Megatron run root (tracker present) a DCP iteration without metadata.json (and
+    without common.pt, which newer Megatron no longer writes) is a save that died before finalize:
+    Megatron's loader refuses it, so it is not complete."""
+    root = tmp_path / "run"
+    megatron(root)
+    os.remove(root / "iter_0000200" / "metadata.json")
+    rep = api.verify(str(root))
+    rows = {r["name"]: r for r in rep.facts["checkpoints"]}
+    assert rows["iter_0000200"]["layout"] == "megatron-torch-dist" and not rows["iter_0000200"]["complete"]
+    assert_fires(rep, "CKD101", path_contains="iter_0000200")
+    assert_fires(rep, "CKD113")  # the tracker names it
+    assert rep.facts["newest_complete"] == "iter_0000100"
+
+
 def test_dcp_published_as_step_n_is_not_nemo_rl(tmp_path):
     src = dcp_dir(tmp_path / "src" / "step_2")
     api.publish(str(src), str(tmp_path / "dest"))

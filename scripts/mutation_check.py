@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Mutation check: each curated mutant is a small, plausible bug in a core decision; the tests that
+guard that decision must fail on it.  A surviving mutant is treated like a failing test.
+
+    python scripts/mutation_check.py            # every mutant, 2 at a time
+    python scripts/mutation_check.py -k CKD104  # only mutants whose id or text contains the word
+
+Each mutant is applied to a private copy of the tracked tree (never to this checkout), the tests
+named with it run there against that copy (PYTHONPATH puts the copy first, so subprocesses of the
+CLI see it too), and one line per mutant is printed, then `mutants: K killed of N`.  Exit 0 only
+when every mutant was killed.  A mutant whose text no longer appears exactly once is an error: the
+list must follow the code.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    what: str
+
+
+M = Mutant
+MUTANTS = [
+    # ---- verify: sizes, markers, tolerances, detection -------------------------------------------
+    M("CKD104-size-boundary", "ckptdoctor/checks/verify_dcp.py", "e.size < end:", "e.size < end - 1:",
+      ("tests/test_verify_dcp.py",), "a shard one byte short passes"),
+    M("CKD103-missing-shard", "ckptdoctor/checks/verify_dcp.py", "        if rel not in files:",
+      "        if False:", ("tests/test_verify_dcp.py",), "a missing shard passes"),
+    M("CKD107-tolerance", "ckptdoctor/checks/verify_dcp.py", "DEFAULT_MTIME_TOLERANCE = 2.0",
+      "DEFAULT_MTIME_TOLERANCE = 30.0", ("tests/test_verify_dcp.py", "tests/test_bite.py"),
+      "a shard 10 s newer than its marker passes"),
+    M("CKD101-marker", "ckptdoctor/checks/verify_markers.py", "        if not ck.matching(group):",
+      "        if not ck.matching(group) and False:", ("tests/test_megatron.py", "tests/test_family_model.py"),
+      "a checkpoint without its commit marker passes"),
+    M("CKD120-exact-end", "ckptdoctor/layouts/safetensors.py", "    if 8 + n + pos != file_size:",
+      "    if 8 + n + pos > file_size + 1:", ("tests/test_families.py",),
+      "a safetensors shard with bytes missing or appended passes"),
+    M("detect-claims-ignored", "ckptdoctor/layouts/spec.py",
+      "            if lay is not None and fits(lay, files, dirs):",
+      "            if lay is not None and _by_content(lay, files, dirs):",
+      ("tests/test_megatron.py", "tests/test_family_model.py"),
+      "a Megatron save that died before metadata.json is judged plain DCP"),
+    M("resume-marker-ignored", "ckptdoctor/layouts/model.py",
+      "            stepped = [c for c in stepped if c.matching(self.layout.resume_markers)]",
+      "            stepped = stepped", ("tests/test_family_model.py",),
+      "torchtitan is said to resume from a step without .metadata"),
+    M("tracker-negative", "ckptdoctor/layouts/trackers.py", "        if step < 0:", "        if step < -10**9:",
+      ("tests/test_bite.py",), "a negative tracker iteration is accepted"),
+    M("CKD113-dangling", "ckptdoctor/checks/verify_trackers.py", "\n    if val.target not in names:",
+      "\n    if val.target not in names and False:", ("tests/test_families.py", "tests/test_megatron.py"),
+      "a tracker naming a missing checkpoint passes"),
+    M("CKD122-rank-grid", "ckptdoctor/checks/verify_components.py", "            missing = sorted(set(range(w)) - set(ranks))",
+      "            missing = []", ("tests/test_families.py",), "a missing verl rank file passes"),
+    M("config-unknown-key", "ckptdoctor/engine/config.py", "            if k not in known:",
+      "            if k not in known and False:", ("tests/test_family_model.py",),
+      "a typo in [verify] is silently ignored"),
+    M("walk-cap-silent", "ckptdoctor/io/fs.py", "                if depth + 1 > MAX_TREE_DEPTH:",
+      "                if depth + 1 > MAX_TREE_DEPTH and False:", ("tests/test_family_model.py",),
+      "a tree past the walk cap is walked without bound"),
+    # ---- the restricted unpickler ------------------------------------------------------------------
+    M("unpickle-allow-open", "ckptdoctor/io/unpickle.py", 'DCP_ALLOW[(f"{DCP}.planner", "WriteItemType")] = _enum_value',
+      'DCP_ALLOW[(f"{DCP}.planner", "WriteItemType")] = _enum_value\nDCP_ALLOW[("builtins", "open")] = open',
+      ("tests/test_bite.py",), "a hostile .metadata may open files during verify"),
+    M("unpickle-torch-standin", "ckptdoctor/io/unpickle.py",
+      "        if module == \"torch\" and name in DTYPES:\n            return DType(name)",
+      "        if module.startswith(\"torch\"):\n            return DType(name)",
+      ("tests/test_bite.py",), "every torch.* global (torch.load too) resolves to a stand-in"),
+    # ---- checksums ---------------------------------------------------------------------------------
+    M("checksum-last-chunk", "ckptdoctor/io/hashing.py",
+      "for i, off in enumerate(range(0, size, chunk))]", "for i, off in enumerate(range(0, size - chunk, chunk))]",
+      ("tests/test_publish.py::test_multi_chunk_files_hash_the_same_in_publish_and_verify", "tests/test_checksums.py"),
+      "the last 64 MiB of a large file is never hashed"),
+    M("CKD151-compare", "ckptdoctor/checks/verify_checksums.py", "            if got != want or nread != u.length:",
+      "            if nread != u.length:", ("tests/test_checksums.py",), "a flipped byte passes --checksums"),
+    # ---- publish: order, protection, source checks ---------------------------------------------------
+    M("publish-source-manifest", "ckptdoctor/publishing/flow.py", "            _check_source_manifest(src_man, copied)",
+      "            pass", ("tests/test_bite.py",), "a source that no longer matches its own manifest is published"),
+    M("tracker-backwards", "ckptdoctor/publishing/dest.py",
+      "    if old_step is not None and old_step > (layout.steps.step(name) or 0) and old_target in entries:",
+      "    if False:", ("tests/test_publish.py",), "publishing an older step moves the tracker backwards"),
+    M("retention-tracker-target", "ckptdoctor/publishing/dest.py",
+      '        protect.setdefault(target, "the tracker names it")', "        pass",
+      ("tests/test_publish.py", "tests/test_family_model.py"), "retention prunes the tracker's target"),
+    M("retention-staging", "ckptdoctor/publishing/retention.py", "            if staging:", "            if False:",
+      ("tests/test_publish.py",), "retention prunes a checkpoint that is still being written"),
+    M("rename-overwrites", "ckptdoctor/io/atomic.py",
+      '    if os.path.lexists(dst):\n        raise FileExistsError(errno.EEXIST, "exists", dst)\n    os.rename(src, dst)',
+      "    os.rename(src, dst)", ("tests/test_bite.py",),
+      "without renameat2 a publish replaces an existing checkpoint"),
+    # ---- reconcile -----------------------------------------------------------------------------------
+    M("repair-gate-removed", "ckptdoctor/runstate/positions.py",
+      "    if after.lost_prompts or len(after.duplicate_prompts) > len(before.duplicate_prompts) \\",
+      "    if False and len(after.duplicate_prompts) > len(before.duplicate_prompts) \\",
+      ("tests/test_bite.py",), "--fix rewrites a cursor whose simulated resume still loses prompts"),
+    M("repair-agree", "ckptdoctor/runstate/positions.py", "    if p.a == p.c + 1:", "    if p.a == p.c + 2:",
+      ("tests/test_reconcile.py",), "--fix raises a cursor that already agrees with the dataloader"),
+    # ---- preflight -------------------------------------------------------------------------------------
+    M("CKD402-size-boundary", "ckptdoctor/preflight/analysis.py", "elif rel in need and have < need[rel]:",
+      "elif rel in need and have < need[rel] - 1:", ("tests/test_bite.py",),
+      "a node-local shard one byte short passes"),
+    M("rank-node-off-by-one", "ckptdoctor/preflight/model.py",
+      "        rank_node = [n for n, k in zip(nodes, per_node) for _ in range(k)]",
+      "        rank_node = [n for n, k in zip(nodes[1:] + nodes[:1], per_node) for _ in range(k)]",
+      ("tests/test_preflight.py",), "ranks are placed on the wrong nodes"),
+    M("hostlist-drops-last", "ckptdoctor/slurm/hostlist.py", "    return hosts\n", "    return hosts[:-1]\n",
+      ("tests/test_preflight.py",), "the last host of a node list is dropped"),
+    M("preflight-dangling-tracker", "ckptdoctor/checks/preflight.py", "    if pf.dangling:", "    if False:",
+      ("tests/test_bite.py",), "a node whose tracker names a missing checkpoint passes preflight"),
+    # ---- exit codes ------------------------------------------------------------------------------------
+    M("fail-on-ignored", "ckptdoctor/engine/finding.py", "        threshold = RANK[fail_on or self.fail_on]",
+      '        threshold = RANK["error"]', ("tests/test_cli_contract.py",), "--fail-on warning is ignored"),
+    M("exit-1-lost", "ckptdoctor/cli.py", "    raise typer.Exit(1 if eng.report.failed() else 0)",
+      "    raise typer.Exit(0)", ("tests/test_cli_contract.py",), "a failed verify exits 0"),
+]
+
+
+def copy_tree(dst: str) -> None:
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           check=True, capture_output=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        src = os.path.join(ROOT, rel)
+        if os.path.isfile(src):
+            os.makedirs(os.path.dirname(os.path.join(dst, rel)), exist_ok=True)
+            shutil.copy2(src, os.path.join(dst, rel))
+
+
+def run_one(m: Mutant, work: str, timeout: int) -> tuple[Mutant, str, float]:
+    path = os.path.join(work, m.file)
+    original = open(path).read()
+    if original.count(m.old) != 1:
+        return m, f"ERROR: text to mutate found {original.count(m.old)} times in {m.file}", 0.0
+    open(path, "w").write(original.replace(m.old, m.new))
+    t0 = time.monotonic()
+    env = dict(os.environ, PYTHONPATH=work, PYTHONDONTWRITEBYTECODE="1", PYTHONWARNINGS="ignore")
+    env.pop("CKPTDOCTOR_CONFIG", None)
+    try:
+        p = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *m.tests],
+                           cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
+        rc = p.returncode
+    except subprocess.TimeoutExpired:
+        rc = -1
+    finally:
+        open(path, "w").write(original)
+    dt = time.monotonic() - t0
+    if rc == 1:
+        return m, "killed", dt
+    if rc == 0:
+        return m, "SURVIVED", dt
+    return m, f"ERROR: pytest exit {rc}" + ("" if rc != -1 else " (timeout)"), dt
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-k", default="", help="only mutants whose id or description contains this")
+    ap.add_argument("-j", type=int, default=2, help="mutants tested at once (each in its own copy)")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds per mutant")
+    a = ap.parse_args()
+    chosen = [m for m in MUTANTS if a.k.lower() in (m.id + " " + m.what).lower()]
+    if not chosen:
+        print(f"no mutant matches {a.k!r}")
+        return 2
+    with tempfile.TemporaryDirectory(prefix="ckd-mutants-") as tmp:
+        works = []
+        for i in range(max(1, a.j)):
+            w = os.path.join(tmp, f"w{i}")
+            copy_tree(w)
+            works.append(w)
+        free = list(works)
+        results = []
+
+        def job(m):
+            w = free.pop()
+            try:
+                return run_one(m, w, a.timeout)
+            finally:
+                free.append(w)
+
+        with ThreadPoolExecutor(max_workers=len(works)) as ex:
+            for m, verdict, dt in ex.map(job, chosen):
+                print(f"{verdict:<9} {m.id:<28} {dt:6.1f}s  {m.what}", flush=True)
+                results.append(verdict)
+    killed = sum(v == "killed" for v in results)
+    print(f"mutants: {killed} killed of {len(results)}")
+    return 0 if killed == len(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
