@@ -21,11 +21,10 @@ MiB = 1 << 20
 
 def make(d: Path, n=8, size=256 * MiB):
     d.mkdir(parents=True, exist_ok=True)
-    block = os.urandom(MiB)
     for i in range(n):
         with open(d / f"__{i}_0.distcp", "wb") as fh:
             for _ in range(size // MiB):
-                fh.write(block)
+                fh.write(os.urandom(MiB))  # fresh random bytes per MiB: no repeated block
     from ckptdoctor.layouts import dcp_writer as W
     open(d / ".metadata", "wb").write(W.metadata_bytes([]))
 
@@ -38,14 +37,9 @@ def drop(files):
 
 
 def run(cmd, files, cold, runs=5):
-    ts = []
-    for _ in range(runs):
-        if cold:
-            drop(files)
-        t = time.perf_counter()
-        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, shell=isinstance(cmd, str))
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from common import measure
+    return measure(cmd, runs, setup=(lambda: drop(files)) if cold else None, shell=isinstance(cmd, str)).median_s
 
 
 def main():
@@ -69,7 +63,7 @@ def main():
     big = base / "big"
     big.mkdir()
     with open(big / "__0_0.distcp", "wb") as fh:
-        block = os.urandom(MiB)
+        block = os.urandom(MiB)  # one block repeated: this case measures memory, not hashing speed
         for _ in range(4096):
             fh.write(block)
     open(big / ".metadata", "wb").write(open(d / ".metadata", "rb").read())
@@ -77,10 +71,10 @@ def main():
                         "import sys,resource; from ckptdoctor.commands.manifest import write_manifest; "
                         "write_manifest(sys.argv[1], quiet=True); "
                         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)", str(big)],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, check=True)
     base_rss = subprocess.run([PY, "-c", "import resource, ckptdoctor.commands.manifest; "
                                "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"],
-                              capture_output=True, text=True).stdout.strip()
+                              capture_output=True, text=True, check=True).stdout.strip()
     print(f"\npeak RSS hashing a 4 GiB file: {int(p.stdout.strip()) / 1024:.0f} MiB "
           f"(interpreter + imports alone: {int(base_rss) / 1024:.0f} MiB)")
     shutil.rmtree(base)

@@ -27,22 +27,19 @@ CKD = [PY, "-m", "ckptdoctor"]
 sys.path.insert(0, str(ROOT))
 
 
-def timeit(cmd, runs=7, env=None, setup=None) -> float:
-    ts = []
-    for _ in range(runs):
-        if setup:
-            setup()
-        t = time.perf_counter()
-        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=False)
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import Measure, measure  # noqa: E402
+
+
+def timeit(cmd, runs=7, env=None, setup=None, ok=(0,)) -> Measure:
+    return measure(cmd, runs, ok=ok, env=env, setup=setup)
 
 
 def table(rows, base_label):
-    base = dict(rows)[base_label]
-    print("| command | median s | ratio |\n|---|---|---|")
-    for label, t in rows:
-        print(f"| `{label}` | {t:.3f} | {t / base:.2f}x |")
+    base = dict(rows)[base_label].median_s
+    print("| command | median s | peak RSS MiB | ratio |\n|---|---|---|---|")
+    for label, m in rows:
+        print(f"| `{label}` | {m.median_s:.3f} | {m.peak_rss_mib:.0f} | {m.median_s / base:.2f}x |")
 
 
 def startup():
@@ -87,7 +84,7 @@ def publish(files=16, mb=256, runs=3):
     for r in range(files):
         with open(os.path.join(src, f"optimizer_rank{r}.bin"), "wb") as fh:
             for _ in range(mb):
-                fh.write(os.urandom(1 << 20))
+                fh.write(os.urandom(1 << 20))  # fresh random bytes per MiB: nothing dedupes or compresses
     total = sum(os.path.getsize(os.path.join(src, f)) for f in os.listdir(src))
     dst = os.path.join(base, "dst")
 
@@ -99,8 +96,8 @@ def publish(files=16, mb=256, runs=3):
     pub = CKD + ["publish", "--quiet", "--tracker", "none", src, dst]
     t_cp, t_pub = [], []
     for _ in range(runs):  # alternate, so both see the same page-cache state
-        t_cp.append(timeit(cp, 1, setup=clean))
-        t_pub.append(timeit(pub, 1, setup=clean))
+        t_cp.append(timeit(cp, 1, setup=clean).median_s)
+        t_pub.append(timeit(pub, 1, setup=clean).median_s)
     a, b = statistics.median(t_cp), statistics.median(t_pub)
     print(f"{files} x {mb} MiB + a small DCP ({total / 2**30:.2f} GiB), median of {runs}:")
     print("| command | median s | GB/s | throughput vs cp+sync |\n|---|---|---|---|")

@@ -100,6 +100,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """On a full, green run: every catalog rule must have been seen firing by a test (helpers.FIRED)."""
+    cfg = session.config
+    narrowed = cfg.getoption("keyword") or cfg.getoption("markexpr") or cfg.getoption("lf", False) or \
+        any(a not in ("tests", "tests/", str(HERE)) for a in cfg.args)
+    if narrowed or exitstatus != 0 or session.testscollected < 100:
+        return
+    from ckptdoctor.engine.catalog import catalog
+    from helpers import FIRED
+    missing = sorted(set(catalog()) - FIRED)
+    if missing:
+        print(f"\nFAILED catalog coverage: no test made these rules fire (assert_fires): {missing}")
+        session.exitstatus = 1
+
+
 def pytest_configure(config):
     if config.getoption("--fuzz"):
         os.environ["CKPTDOCTOR_FUZZ"] = "1"

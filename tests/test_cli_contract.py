@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from helpers import cli
+from helpers import cli, assert_fires_json
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,10 @@ def healthy(tmp_path):
 def test_exit_0_on_healthy(healthy):
     rc, out, err = cli("verify", str(healthy))
     assert rc == 0, (out, err)
-    assert "ok" in out
+    assert out.strip().splitlines()[-1] == "verify: ok - 0 error(s), 0 warning(s), 0 info"
+    rc, out, err = cli("verify", "-f", "json", str(healthy))
+    doc = json.loads(out)
+    assert rc == 0 and doc["findings"] == [] and doc["facts"]["layout"] == "dcp"
 
 
 def test_exit_1_on_findings_and_json_shape(demo_run):
@@ -64,7 +67,9 @@ def test_exit_2_for_a_location_that_does_not_exist(tmp_path):
 def test_unknown_layout_fails_closed(tmp_path):
     rc, out, _ = cli("verify", "--format", "json", str(tmp_path))
     assert rc == 1
-    assert [f["rule"] for f in json.loads(out)["findings"]] == ["CKD902"]
+    doc = json.loads(out)
+    assert [f["rule"] for f in doc["findings"]] == ["CKD902"]
+    assert_fires_json(doc, "CKD902", path_contains=str(tmp_path))
 
 
 def test_exit_75_when_storage_unreachable():
@@ -77,9 +82,12 @@ def test_exit_75_when_storage_unreachable():
 
 
 def test_internal_error_exit_3_is_one_line(demo_run, monkeypatch):
-    rc, out, err = cli("verify", str(demo_run), env={"CKPTDOCTOR_TEST_CRASH": "CKD104"})
-    assert rc == 3
-    assert "CKD900" in out and "Traceback" not in err
+    rc, out, err = cli("verify", "-f", "json", str(demo_run), env={"CKPTDOCTOR_TEST_CRASH": "CKD104"})
+    assert rc == 3 and "Traceback" not in err
+    hits = assert_fires_json(json.loads(out), "CKD900")
+    lines = err.strip().splitlines()
+    assert hits[0]["details"]["rule"] == "CKD104" and len(lines) == len(hits) == 3, err  # one line per crash
+    assert all(line.startswith("ckptdoctor: internal error in CKD104 on ") for line in lines), err
 
 
 def test_select_ignore_and_fail_on(demo_run):
@@ -89,7 +97,13 @@ def test_select_ignore_and_fail_on(demo_run):
     assert rc == 0 and json.loads(out)["findings"] == []
     rc, out, _ = cli("verify", "-f", "json", "--severity", "CKD104=warning", "--severity",
                      "CKD102=info", "--severity", "tracker-dangling=warning", str(demo_run))
-    assert rc == 0
+    doc = json.loads(out)
+    sev = {f["rule"]: f["severity"] for f in doc["findings"]}
+    # CKD104 downgraded: iter_0000300 now counts as complete, so the tracker naming it is no finding
+    assert rc == 0 and sev["CKD104"] == "warning" and sev["CKD102"] == "info" and "CKD113" not in sev
+    assert doc["summary"]["error"] == 0, doc["findings"]
+    rc, out, _ = cli("verify", "-f", "json", "--severity", "CKD104=warning", "--fail-on", "warning", str(demo_run))
+    assert rc == 1 and json.loads(out)["summary"]["warning"] >= 1
     rc, _, _ = cli("verify", "--severity", "CKD104=warning", "--severity", "CKD102=info", "--severity",
                    "tracker-dangling=warning", "--fail-on", "warning", str(demo_run))
     assert rc == 1

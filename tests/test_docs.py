@@ -32,8 +32,9 @@ def test_zsh_and_fish_scripts_are_for_their_shells():
     assert (ROOT / "completions" / "_ckptdoctor").read_text().startswith("#compdef ckptdoctor")
     assert "complete -c ckptdoctor" in (ROOT / "completions" / "ckptdoctor.fish").read_text() or \
         "complete --command ckptdoctor" in (ROOT / "completions" / "ckptdoctor.fish").read_text()
-    assert "complete -o" in (ROOT / "completions" / "ckptdoctor.bash").read_text() or \
-        "complete " in (ROOT / "completions" / "ckptdoctor.bash").read_text()
+    bash = (ROOT / "completions" / "ckptdoctor.bash").read_text()
+    import re
+    assert re.search(r"^complete .*-F \S+ ckptdoctor$", bash, re.M), bash[-300:]
 
 
 def test_runtime_completion_answers():

@@ -242,7 +242,14 @@ def test_families_need_no_torch_to_verify(tmp_path):
     run = tmp_path / "verl"
     verl_step(run / "global_step_20", 20)
     (run / "latest_checkpointed_iteration.txt").write_text("20")
+    os.remove(run / "global_step_20" / "actor" / "optim_world_size_2_rank_1.pt")  # something to find
     code = ("import sys; sys.modules['torch'] = None\n"
-            "from ckptdoctor.cli import main; main(['verify', sys.argv[1]])")
+            "from ckptdoctor.cli import main; main(['verify', '-f', 'json', sys.argv[1]])")
     p = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True)
-    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.returncode == 1, p.stdout + p.stderr
+    without = json.loads(p.stdout)
+    with_torch = api.verify(str(run)).to_json()
+    assert without["findings"] == with_torch["findings"] and without["facts"]["checkpoints"] == \
+        [dict(r, age_seconds=without["facts"]["checkpoints"][i]["age_seconds"])
+         for i, r in enumerate(with_torch["facts"]["checkpoints"])]
+    assert_fires(api.verify(str(run)), "CKD122", path_contains="actor")

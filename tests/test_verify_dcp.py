@@ -131,7 +131,7 @@ def test_chunk_overlap_and_out_of_bounds(real):
     _edit_metadata(d, bad)
     rep = api.verify(str(d))
     msgs = " ".join(f.message for f in assert_fires(rep, "CKD108"))
-    assert "overlap" in msgs or "outside" in msgs
+    assert "overlap" in msgs and "outside" in msgs, msgs  # both injected faults are named
 
 
 def test_truncated_metadata_is_a_finding_not_a_crash(real):

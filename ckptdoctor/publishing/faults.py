@@ -4,6 +4,8 @@ CKPTDOCTOR_TEST_KILL_AT=PHASE     SIGKILL this process when publish reaches PHAS
                                   (copy, manifest, rename, swap, tracker-temp, tracker, prune, upload)
 CKPTDOCTOR_TEST_ENOSPC_AFTER=N    fail a write with ENOSPC once N bytes were copied (for machines
                                   where the tests cannot mount a small filesystem)
+CKPTDOCTOR_TEST_PHASE_LOG=FILE    append "PHASE MONOTONIC_SECONDS" to FILE as publish passes each phase,
+                                  so a test that kills at random moments knows which phase it hit
 """
 from __future__ import annotations
 
@@ -14,11 +16,19 @@ import threading
 
 _KILL_AT = os.environ.get("CKPTDOCTOR_TEST_KILL_AT")
 _ENOSPC_AFTER = os.environ.get("CKPTDOCTOR_TEST_ENOSPC_AFTER")
+_PHASE_LOG = os.environ.get("CKPTDOCTOR_TEST_PHASE_LOG")
 _written = 0
 _lock = threading.Lock()
 
 
 def point(phase: str) -> None:
+    if _PHASE_LOG:
+        import time
+        fd = os.open(_PHASE_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, f"{phase} {time.monotonic():.6f}\n".encode())
+        finally:
+            os.close(fd)
     if _KILL_AT and _KILL_AT == phase:
         os.kill(os.getpid(), signal.SIGKILL)
 

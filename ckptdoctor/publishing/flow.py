@@ -132,6 +132,7 @@ def publish(dest, src: str, name: str, layout: str | None, markers: set[str], *,
 def _publish(dest, src, name, layout, markers, *, replace, tracker, keep_last, keep_every, workers,
              progress_factory) -> PublishResult:
     t0 = time.perf_counter()
+    faults.point("start")
     res = PublishResult(src, dest.display, name)
     dest.prepare(name, replace, res)
     dirs, files = list_tree(src)
@@ -172,6 +173,7 @@ def _publish(dest, src, name, layout, markers, *, replace, tracker, keep_last, k
         dest.abort(stage, exc)
         raise
     after_commit(dest, name, res, tracker, keep_last, keep_every)
+    faults.point("done")
     res.seconds = time.perf_counter() - t0
     return res
 
