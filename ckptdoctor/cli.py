@@ -181,6 +181,9 @@ def publish(
     replace: bool = typer.Option(False, "--replace", help="Replace an existing checkpoint of the same name "
                                  "with different content (atomic exchange; local destinations only)."),
     force: bool = typer.Option(False, "--force", help="Publish even if the source fails verification."),
+    trust_manifest: bool = typer.Option(False, "--trust-manifest", help="When DEST_ROOT/<name> exists, take "
+                                        "its manifest's word that it holds the source's bytes instead of "
+                                        "re-reading the destination."),
     keep_last: Optional[int] = typer.Option(None, "--keep-last", help="After committing, keep only the newest "
                                             "K checkpoints (never the tracker target or one being written)."),
     keep_every: Optional[int] = typer.Option(None, "--keep-every", help="Also keep every checkpoint whose "
@@ -198,6 +201,7 @@ def publish(
     c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet)
     eng = _engine("publish", src, c, {"workers": workers, "keep_last": keep_last, "keep_every": keep_every})
     flow.run(src, dest_root, eng, name=name, force=force, replace=replace, tracker=tracker,
+             trust_manifest=trust_manifest,
              keep_last=eng.opt("keep_last"), keep_every=eng.opt("keep_every"), workers=eng.opt("workers"))
     _finish(eng, format)  # refused = the source's error findings, so the exit status is 1
 

@@ -42,6 +42,12 @@ def verify_json(path, *extra):
     return rc, json.loads(out)
 
 
+def listing(root):
+    """What DEST_ROOT holds, less the one file publish keeps there on purpose: the flock lock file
+    that serializes tracker updates (.ckptdoctor-lock, empty)."""
+    return [e for e in os.listdir(root) if e != ".ckptdoctor-lock"]
+
+
 def tracker_of(root):
     p = os.path.join(root, TRACKER)
     return open(p).read() if os.path.exists(p) else None
@@ -67,7 +73,7 @@ def test_publish_real_megatron_checkpoint(real, tmp_path):
     rc, out, err = pub(src, dest)
     assert rc == 0, (out, err)
     assert tracker_of(dest) == "100"
-    assert sorted(os.listdir(dest)) == ["iter_0000100", TRACKER]  # no temp left behind
+    assert sorted(listing(dest)) == ["iter_0000100", TRACKER]  # no temp left behind
     rc, rep = verify_json(dest)
     assert rc == 0 and rep["facts"]["resume_from"] == "iter_0000100", rep["findings"]
     for f in os.listdir(src):  # bytes and mtimes preserved (the 'marker written last' evidence)
@@ -90,12 +96,13 @@ def test_publish_twice_is_a_no_op_and_replace_needs_the_flag(real, tmp_path):
     data[-30] ^= 1
     common.write_bytes(bytes(data))
     rc, out, err = pub(run / "iter_0000100", dest)
-    assert rc == 2 and "exists with different content" in err and "--replace" in err
+    assert rc == 2 and "exists with content different from" in err and "--replace" in err and "--name" in err
+    assert str(dest) in err and str(run / "iter_0000100") in err  # both paths named
     rc, out, err = pub(run / "iter_0000100", dest, "--replace", "--format", "json")
     assert rc == 0 and json.loads(out)["facts"]["published"]["status"] == "replaced", err
     assert (dest / "iter_0000100" / "common.pt").read_bytes() == bytes(data)
     assert verify_json(dest)[0] == 0
-    assert [e for e in os.listdir(dest) if e.startswith(".")] == []
+    assert [e for e in listing(dest) if e.startswith(".")] == []
 
 
 def test_broken_source_is_refused_unless_forced(real, tmp_path):
@@ -198,7 +205,7 @@ def test_disk_full_cleans_up_and_leaves_tracker(tmp_path, small_fs):
     assert pub(small, dest)[0] == 0
     rc, out, err = pub(big, dest, env=env)
     assert rc == 2 and "no space left" in err and "tracker untouched" in err, err
-    assert sorted(os.listdir(dest)) == ["iter_0000100", TRACKER]
+    assert sorted(listing(dest)) == ["iter_0000100", TRACKER]
     assert tracker_of(dest) == "100"
     assert_invariant(str(dest), "iter_0000100")
 
@@ -224,7 +231,7 @@ def test_sigkill_at_each_phase_keeps_the_invariant_and_rerun_finishes(tmp_path, 
     rc, out, err = pub(src / "iter_0000200", dest)
     assert rc == 0, err
     assert tracker_of(dest) == "200"
-    assert sorted(e for e in os.listdir(dest)) == ["iter_0000100", "iter_0000200", TRACKER]
+    assert sorted(e for e in listing(dest)) == ["iter_0000100", "iter_0000200", TRACKER]
     assert verify_json(dest)[0] == 0
 
 
@@ -249,7 +256,7 @@ def test_sigkill_during_replace_and_prune(tmp_path):
     assert tracker_of(dest) == "300"
     rc, out, err = pub(src / "iter_0000300", dest, "--keep-last", "1")
     assert rc == 0, err
-    assert sorted(os.listdir(dest)) == ["iter_0000300", TRACKER]
+    assert sorted(listing(dest)) == ["iter_0000300", TRACKER]
 
 
 # The phases a local publish passes, in order (faults.point); a kill between two of them leaves the
@@ -322,7 +329,7 @@ def test_random_kill_times(tmp_path):
         assert tracker_of(dest) == str(step)
         prev, step = name, step + 100
     assert long_enough <= set(hit), (sorted(hit), sorted(long_enough), starts)
-    assert not [e for e in os.listdir(dest) if e.startswith(".")]
+    assert not [e for e in listing(dest) if e.startswith(".")]
 
 
 # ---- object stores (a real S3-compatible server on loopback) --------------------------------------

@@ -12,6 +12,7 @@ from ..engine.finding import Hit
 from ..engine.registry import check
 from ..io import hashing
 from ..io.fs import TreeLimit, walk_files
+from ..layouts.spec import match_any
 from ..layouts import manifest as mf
 
 
@@ -41,6 +42,7 @@ def content(ck, eng) -> ContentResult | None:
         return res
     k, n = eng.opt("slice", (0, 1))
     work: list[tuple[hashing.Unit, mf.Expected, str]] = []
+    listed_anywhere: set[str] = set()
     for source in (mf.NAME, mf.INTEGRITY):
         if source not in on_disk:
             continue
@@ -50,9 +52,10 @@ def content(ck, eng) -> ContentResult | None:
         except (mf.ManifestError, ValueError) as exc:
             res.problems.append((source, str(exc)))
             continue
-        listed = set(expected)
-        for rel in sorted(set(on_disk) - listed - {mf.NAME, mf.INTEGRITY}):
-            res.extra.append((rel, source))
+        except OSError as exc:
+            res.problems.append((source, f"cannot read: {exc.strerror or exc}"))
+            continue
+        listed_anywhere |= set(expected)
         for rel, exp in sorted(expected.items()):
             if rel not in on_disk:
                 res.missing.append((rel, source))
@@ -64,6 +67,9 @@ def content(ck, eng) -> ContentResult | None:
                 continue
             us = hashing.units_for(rel, size, exp.algorithm, exp.chunk_bytes or hashing.CHUNK_BYTES)
             work += [(u, exp, source) for u in us]
+    if res.sources and not res.problems:  # a file no manifest lists is not verified (fail closed)
+        for rel in sorted(set(on_disk) - listed_anywhere - {mf.NAME, mf.INTEGRITY}):
+            res.extra.append((rel, "/".join(res.sources)))
     mine = set(hashing.partition([w[0] for w in work], k, n))
     work = [w for w in work if w[0] in mine]
     res.units = len(work)
@@ -71,8 +77,14 @@ def content(ck, eng) -> ContentResult | None:
     if work:
         prog = eng.progress(res.bytes, f"hashing {ck.name}")
         st = ck.storage.sub(ck.rel) if ck.rel else ck.storage  # units are relative to the checkpoint
-        digests = hashing.hash_units(st, [w[0] for w in work], eng.opt("workers"), prog)
+        unreadable: dict[hashing.Unit, OSError] = {}
+        digests = hashing.hash_units(st, [w[0] for w in work], eng.opt("workers"), prog,
+                                     on_error=unreadable.__setitem__)
         prog.close()
+        for u, exc in sorted(unreadable.items(), key=lambda t: (t[0].rel, t[0].index)):  # one per file (deduped)
+            eng.emit("CKD901", Hit(ck.path(u.rel), f"--checksums: cannot read {u.rel}: {exc.strerror or exc}",
+                                   details={"file": u.rel, "errno": exc.errno}))
+        work = [w for w in work if w[0] not in unreadable]
         for u, exp, source in work:
             got, nread = digests[u]
             want = exp.digests[u.index]
@@ -112,11 +124,29 @@ def listed_file_missing(ck, eng):
                   details={"file": rel, "source": source})
 
 
+DATA_SUFFIXES = (".distcp", ".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".metadata", ".npz", ".msgpack")
+
+
+def _is_data(ck, rel: str) -> bool:
+    """A file the checkpoint's family loads (its shards, markers, archives, per-rank files), as
+    opposed to a stray README or log."""
+    lay = ck.layout
+    base = rel.rsplit("/", 1)[-1]
+    pats = lay.detect_files + lay.optional_archives + lay.required + tuple(m for g in lay.markers for m in g)
+    if lay.reads is not None:
+        pats += lay.reads.global_files + lay.reads.optional_global
+        if lay.reads.rank_of(rel) is not None:
+            return True
+    return base.endswith(DATA_SUFFIXES) or match_any(base, pats)
+
+
 @check("CKD153", "checkpoint", option="checksums")
 def unlisted_file(ck, eng):
     res = content(ck, eng)
     for rel, source in (res.extra if res else []):
-        yield Hit(ck.path(rel), f"{rel} is not listed in {source}", details={"file": rel, "source": source},
+        data = _is_data(ck, rel)
+        yield Hit(ck.path(rel), f"{rel} is not listed in {source}" + (": its content is not verified" if data else ""),
+                  severity="error" if data else None, details={"file": rel, "source": source, "data_file": data},
                   hint="added after the manifest was written; remove it or rewrite the manifest if intended")
 
 

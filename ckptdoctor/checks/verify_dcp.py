@@ -10,6 +10,7 @@ from collections import defaultdict
 from ..engine.finding import Hit
 from ..engine.registry import check
 from ..layouts import coverage, ptzip
+from ..io.fs import NotRegularFile, open_regular
 from ..layouts.dcp import SHARD_RE
 
 DEFAULT_MTIME_TOLERANCE = 2.0
@@ -95,7 +96,11 @@ def slice_corrupt(ck, eng):
             continue
         bad = []
         try:
-            fd = os.open(ck.storage.abspath(ck.relpath(rel)), os.O_RDONLY)
+            fd = open_regular(ck.storage.abspath(ck.relpath(rel)))
+        except NotRegularFile as exc:
+            eng.emit("CKD901", Hit(ck.path(rel), f"{rel} is {exc.strerror}", details={"file": rel},
+                                   hint="a shard must be a regular file; something replaced it"))
+            continue
         except OSError as exc:  # listed a moment ago, gone or unreadable now
             eng.emit("CKD901", Hit(ck.path(rel), f"cannot read {rel}: {exc.strerror or exc} (it was listed "
                                    f"a moment earlier: changed while being verified?)",

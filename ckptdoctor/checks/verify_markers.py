@@ -6,7 +6,7 @@ from ..engine.registry import check
 @check("CKD101", "checkpoint")
 def marker_missing(ck, eng):
     for group in ck.layout.markers:
-        if not ck.matching(group):
+        if not [e for e in ck.matching(group) if e.is_file]:  # a FIFO named .metadata commits nothing
             yield Hit(ck.display, f"commit marker {' or '.join(group)} is missing: the save never "
                                   f"committed ({ck.layout.title})",
                       details={"expected": list(group), "layout": ck.layout.name},

@@ -20,7 +20,15 @@ def check_checkpoint(engine: Engine, ck: CheckpointView) -> CheckpointStatus:
         status.reasons.append("CKD901 unreadable")
         status.findings = 1 if f else 0
         return status
-    added = engine.run_scope("checkpoint", ck)
+    added = []
+    for name, e in sorted(ck.entries.items()):  # a FIFO or device is never opened: it is a finding
+        if not e.is_dir and not e.is_file and not (e.is_link and e.mtime is None):
+            f = engine.emit("CKD901", Hit(path=ck.path(name), message=f"{name} is not a regular file (a FIFO, "
+                                          f"socket or device): no framework can load it, and it is not read",
+                                          details={"file": name}, hint="replace it with the real file"))
+            if f:
+                added.append(f)
+    added += engine.run_scope("checkpoint", ck)
     status.findings = len(added)
     for f in added:
         if f.severity == "error":

@@ -19,6 +19,46 @@ TRANSIENT_ERRNOS = {errno.ETIMEDOUT, errno.ECONNREFUSED, errno.ECONNRESET, errno
                     errno.ENETUNREACH, errno.EAGAIN, errno.ESTALE}
 
 
+class NotRegularFile(OSError):
+    """A FIFO, socket or device where a file was expected: never opened (a FIFO would block forever,
+    /dev/zero would never end)."""
+
+
+def open_regular(path: str) -> int:
+    """An fd for `path` only if it is a regular file (following links).  O_NONBLOCK so that opening
+    a FIFO cannot block; the type is checked on the open descriptor (no race with a swap)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat_mod.S_ISREG(st.st_mode):
+            kind = ("a FIFO" if stat_mod.S_ISFIFO(st.st_mode) else "a socket" if stat_mod.S_ISSOCK(st.st_mode)
+                    else "a device" if stat_mod.S_ISCHR(st.st_mode) or stat_mod.S_ISBLK(st.st_mode)
+                    else "a directory" if stat_mod.S_ISDIR(st.st_mode) else "not a regular file")
+            raise NotRegularFile(errno.EINVAL, f"{kind}, not a regular file; not read", path)
+        import fcntl
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: str, limit: int) -> bytes:
+    """A whole small regular file, refusing anything that claims more than `limit` bytes."""
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise ValueError(f"{path}: {size} bytes, larger than the {limit}-byte limit for this file")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ValueError(f"{path}: larger than the {limit}-byte limit for this file")
+    return data
+
+
 @dataclass(frozen=True)
 class Entry:
     name: str
@@ -115,10 +155,13 @@ class LocalStorage(Storage):
                      False, stat_mod.S_ISREG(st.st_mode))
 
     def open(self, rel: str) -> IO[bytes]:
-        return open(self.abspath(rel), "rb")
+        return os.fdopen(open_regular(self.abspath(rel)), "rb")
+
+    def read(self, rel: str, limit: int) -> bytes:
+        return read_regular(self.abspath(rel), limit)
 
     def read_range(self, rel: str, start: int, length: int) -> bytes:
-        fd = os.open(self.abspath(rel), os.O_RDONLY)
+        fd = open_regular(self.abspath(rel))
         try:
             return os.pread(fd, length, start)
         finally:

@@ -75,13 +75,27 @@ def hash_unit(storage, unit: Unit, progress=None) -> tuple[str, int]:
     return h.hexdigest(), done
 
 
-def hash_units(storage, units: list[Unit], workers: int | None = None, progress=None) -> dict[Unit, tuple[str, int]]:
+def hash_units(storage, units: list[Unit], workers: int | None = None, progress=None,
+               on_error=None) -> dict[Unit, tuple[str, int]]:
+    """Digests of `units`.  With `on_error(unit, exc)`, a unit whose file cannot be read (OSError:
+    gone, permission, not a regular file) is reported there and left out; without it, raised."""
+    def one(u: Unit):
+        try:
+            return hash_unit(storage, u, progress)
+        except OSError as exc:
+            if on_error is None:
+                raise
+            on_error(u, exc)
+            return None
+
     workers = workers or min(8, 2 * (os.cpu_count() or 1))
     if len(units) <= 1 or workers == 1:
-        return {u: hash_unit(storage, u, progress) for u in units}
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckd-hash") as ex:
-        futs = {u: ex.submit(hash_unit, storage, u, progress) for u in units}
-        return {u: f.result() for u, f in futs.items()}
+        out = {u: one(u) for u in units}
+    else:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckd-hash") as ex:
+            futs = {u: ex.submit(one, u) for u in units}
+            out = {u: f.result() for u, f in futs.items()}
+    return {u: r for u, r in out.items() if r is not None}
 
 
 def partition(units: list[Unit], k: int, n: int) -> list[Unit]:

@@ -98,6 +98,10 @@ class CheckpointView:
                                                 exc.qualname))
             except (dcp.MetadataError, ValueError) as exc:
                 problems.append(MetadataProblem(name, str(exc)))
+            except RecursionError:
+                problems.append(MetadataProblem(name, "nested too deeply to be DCP metadata"))
+            except OSError as exc:
+                problems.append(MetadataProblem(name, f"cannot read: {exc.strerror or exc}"))
         return DcpRead(md, tuple(problems))
 
 
@@ -136,13 +140,20 @@ class RunView:
         if spec is None:
             return trackers.TrackerState(None)
         e = self.entries.get(spec.file)
-        if e is None or e.is_dir:
+        if e is None:
             return trackers.TrackerState(spec, e)
+        if e.is_dir or not e.is_file:
+            return trackers.TrackerState(spec, e, trackers.TrackerValue(
+                "", None, "tracker is not a regular file (a directory, FIFO or device): the framework "
+                          "cannot read it"))
         try:
             raw = self.storage.read(spec.file, trackers.MAX_TRACKER_BYTES)
         except ValueError:
             return trackers.TrackerState(spec, e, trackers.TrackerValue(
                 "", None, f"tracker is larger than {trackers.MAX_TRACKER_BYTES} bytes"))
+        except OSError as exc:
+            return trackers.TrackerState(spec, e, trackers.TrackerValue(
+                "", None, f"cannot read the tracker: {exc.strerror or exc}"))
         return trackers.TrackerState(spec, e, trackers.parse(self.layout, raw))
 
     @property

@@ -72,6 +72,30 @@ def list_tree(src: str) -> tuple[list[str], dict[str, int]]:
     return tree.dirs, files
 
 
+def snapshot(src: str) -> dict[str, tuple[int, int, int]]:
+    """Every file under src: (size, mtime_ns, inode), to tell whether the source changed between
+    listing and commit (a file rewritten, replaced, added or removed while other files were copied)."""
+    from ..io.fs import LocalStorage, walk
+    out = {}
+    for rel in walk(LocalStorage(src)).files:
+        try:
+            st = os.lstat(os.path.join(src, rel))
+        except FileNotFoundError:
+            continue
+        out[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
+    return out
+
+
+def snapshot_diff(before: dict, after: dict) -> str | None:
+    """One line naming what differs, or None."""
+    added = sorted(set(after) - set(before))
+    removed = sorted(set(before) - set(after))
+    changed = sorted(r for r in set(before) & set(after) if before[r] != after[r])
+    parts = [f"{what} {', '.join(xs[:3])}" + (f" (+{len(xs) - 3} more)" if len(xs) > 3 else "")
+             for what, xs in (("added", added), ("removed", removed), ("rewritten", changed)) if xs]
+    return "; ".join(parts) or None
+
+
 def copy_file(src: str, dst: str, rel: str, chunk: int = CHUNK_BYTES, progress=None) -> Copied:
     st0 = os.stat(src)
     buf = _buf()

@@ -8,6 +8,7 @@ the checkpoint just published, or one still being written -- whatever `--tracker
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Protocol
 
@@ -33,6 +34,31 @@ class Dest(Protocol):
 class LocalDest:
     def __init__(self, root: str):
         self.root = self.display = root
+
+    @contextlib.contextmanager
+    def lock(self, timeout: float = 600.0):
+        """Serialize tracker updates and retention per DEST_ROOT: flock on DEST_ROOT/.ckptdoctor-lock
+        (released by the kernel even on SIGKILL).  Listing, tracker read, tracker write and retention
+        happen under it, so two publishes cannot move the tracker backwards or prune what the
+        other's tracker names."""
+        import fcntl
+        import time
+        path = os.path.join(self.root, naming.LOCK_FILE)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise UsageError(f"{path}: another publish holds the destination lock for more than "
+                                         f"{timeout:.0f} s; is one stuck?") from None
+                    time.sleep(0.05)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def entries(self) -> list[str]:
         return sorted(os.listdir(self.root))
@@ -64,6 +90,12 @@ class LocalDest:
 class ObjectDest:
     def __init__(self, fs, root: str, display: str):
         self.fs, self.root, self.display = fs, root, display
+
+    @contextlib.contextmanager
+    def lock(self):
+        # Object stores offer no lock through fsspec; the tracker is one PUT and retention re-reads
+        # it, but two concurrent publishes into one prefix can still race (documented).
+        yield
 
     def entries(self) -> list[str]:
         try:

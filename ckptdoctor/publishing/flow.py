@@ -23,11 +23,11 @@ from .. import __version__
 from ..engine.errors import CkptDoctorError, InputError, TransientError, UsageError
 from ..io import hashing
 from ..io.atomic import fsync_dir, rename_exchange, rename_noreplace, write_new
-from ..io.fs import LocalStorage, is_transient, is_url
+from ..io.fs import LocalStorage, is_transient, is_url, read_regular, walk_files
 from ..layouts import manifest as mf
 from . import faults, naming
 from .dest import LocalDest, ObjectDest, after_commit
-from .copier import SourceChanged, copy_tree, fsync_tree_dirs, list_tree
+from .copier import SourceChanged, copy_tree, fsync_tree_dirs, list_tree, snapshot, snapshot_diff
 
 
 class PublishRefused(CkptDoctorError):
@@ -72,11 +72,26 @@ def _same_content(src: str, files: dict[str, int], manifest_bytes: bytes, worker
         return False
     if set(want) != set(files) or any(want[r].size != files[r] for r in files):
         return False
+    return _storage_matches(LocalStorage(src), manifest_bytes, workers, progress)
+
+
+def _storage_matches(st, manifest_bytes: bytes, workers, progress) -> bool:
+    """Do the bytes under `st` hash to exactly what the manifest lists (every file, every chunk)?"""
+    try:
+        want = mf.parse(manifest_bytes, mf.NAME)
+        listed = walk_files(st)
+    except (mf.ManifestError, OSError):
+        return False
+    listed.pop(mf.NAME, None)
+    listed.pop(naming.in_progress_object(), None)  # ours, on an object store whose commit finished
+    if set(listed) != set(want) or any(want[r].size != listed[r] for r in want):
+        return False
     chunk = next(iter(want.values())).chunk_bytes if want else hashing.CHUNK_BYTES
-    st = LocalStorage(src)
-    units = [u for r, s in files.items() for u in hashing.units_for(r, s, chunk=chunk)]
-    got = hashing.hash_units(st, units, workers, progress)
-    return all(want[u.rel].digests[u.index] == got[u][0] for u in units)
+    units = [u for r, e in want.items() for u in hashing.units_for(r, e.size, chunk=chunk)]
+    bad: dict = {}
+    got = hashing.hash_units(st, units, workers, progress, on_error=bad.__setitem__)
+    return not bad and all(u in got and want[u.rel].digests[u.index] == got[u][0] and got[u][1] == u.length
+                           for u in units)
 
 
 def _remove(path: str) -> None:
@@ -103,12 +118,15 @@ def _clean_own_leftovers(root: str, name: str, result: PublishResult) -> None:
         if own["name"] not in trackers | {name}:
             continue  # another checkpoint's publish: not ours to judge
         if own["host"] != naming.HOST:
-            result.notes.append(f"left alone: {e} (a publish of {name} from host {own['host']}; "
+            result.notes.append(f"left alone: {e} (a publish of {own['name']} from host {own['host']}; "
                                 f"remove it once that publish is known dead)")
             continue
-        if naming.pid_alive(int(own["pid"])) and int(own["pid"]) != os.getpid():
-            raise UsageError(f"another publish of {name} is in progress here (pid {own['pid']}, {e}); "
-                             f"wait for it or kill it first")
+        if naming.owner_alive(own):
+            if own["name"] in trackers:
+                continue  # a live publish writing the tracker under the lock: not ours, not a conflict
+            if int(own["pid"]) != os.getpid():
+                raise UsageError(f"another publish of {name} is in progress here (pid {own['pid']}, {e}); "
+                                 f"wait for it or kill it first")
         _remove(os.path.join(root, e))
         result.cleaned.append(e)
     if result.cleaned:
@@ -116,12 +134,13 @@ def _clean_own_leftovers(root: str, name: str, result: PublishResult) -> None:
 
 
 def publish(dest, src: str, name: str, layout: str | None, markers: set[str], *, replace: bool, tracker: str,
-            keep_last, keep_every, workers, progress_factory) -> PublishResult:
+            keep_last, keep_every, workers, progress_factory, trust_manifest: bool = False) -> PublishResult:
     """The one commit protocol: stage, fill, seal, commit, after-commit -- over a rename-commit
     (`LocalCommit`) or marker-commit (`ObjectCommit`) destination."""
     try:
         return _publish(dest, src, name, layout, markers, replace=replace, tracker=tracker, keep_last=keep_last,
-                        keep_every=keep_every, workers=workers, progress_factory=progress_factory)
+                        keep_every=keep_every, workers=workers, progress_factory=progress_factory,
+                        trust_manifest=trust_manifest)
     except CkptDoctorError:
         raise
     except Exception as exc:
@@ -129,12 +148,25 @@ def publish(dest, src: str, name: str, layout: str | None, markers: set[str], *,
         raise
 
 
+def _after_commit(dest, name, res, tracker, keep_last, keep_every) -> None:
+    """After the commit, under the destination's lock; a failure here must say the checkpoint landed."""
+    try:
+        with dest.lock():
+            after_commit(dest, name, res, tracker, keep_last, keep_every)
+    except (CkptDoctorError, OSError) as exc:
+        msg = str(exc) if isinstance(exc, CkptDoctorError) else (exc.strerror or str(exc))
+        raise InputError(f"{dest.show(name)} is published and complete, but the step after the commit failed: "
+                         f"{msg}; the tracker was not moved past it (re-run publish to finish)") from None
+
+
 def _publish(dest, src, name, layout, markers, *, replace, tracker, keep_last, keep_every, workers,
-             progress_factory) -> PublishResult:
+             progress_factory, trust_manifest=False) -> PublishResult:
     t0 = time.perf_counter()
     faults.point("start")
+    naming.check_name(name)
     res = PublishResult(src, dest.display, name)
     dest.prepare(name, replace, res)
+    before = snapshot(src)
     dirs, files = list_tree(src)
     files.pop(mf.NAME, None)  # the published manifest is computed from the bytes copied
     res.files, res.bytes = len(files), sum(files.values())
@@ -146,17 +178,24 @@ def _publish(dest, src, name, layout, markers, *, replace, tracker, keep_last, k
             same = man is not None and _same_content(src, files, man, workers, prog)
         finally:
             prog.close()
+        if same and not trust_manifest:  # the destination's bytes, not only its manifest, must match
+            prog = progress_factory(res.bytes, f"re-reading {name} at the destination")
+            try:
+                same = dest.matches_manifest(name, man, workers, prog)
+            finally:
+                prog.close()
         if same:
             res.status = "unchanged"
-            res.notes.append(f"{dest.show(name)} already holds exactly these bytes (manifest matches); "
-                             f"nothing copied")
+            res.notes.append(f"{dest.show(name)} already holds exactly these bytes ("
+                             + ("manifest trusted" if trust_manifest else "destination re-read") + "); nothing copied")
             dest.finish_unchanged(name)
-            after_commit(dest, name, res, tracker, keep_last, keep_every)
+            _after_commit(dest, name, res, tracker, keep_last, keep_every)
             res.seconds = time.perf_counter() - t0
             return res
         if not replace:
-            raise UsageError(f"{dest.show(name)}: exists with different content; refusing to overwrite a published "
-                             f"checkpoint (use --replace, or publish under another name)")
+            raise UsageError(f"{dest.show(name)} exists with content different from {src}; refusing to overwrite a "
+                             f"published checkpoint (use --replace to swap it atomically, or --name to publish "
+                             f"under another name)")
     stage = dest.stage(name)
     try:
         prog = progress_factory(res.bytes, f"publishing {name}")
@@ -167,12 +206,15 @@ def _publish(dest, src, name, layout, markers, *, replace, tracker, keep_last, k
         src_man = os.path.join(src, mf.NAME)
         if os.path.exists(src_man):  # the source's own manifest must agree with what was read
             _check_source_manifest(src_man, copied)
+        changed = snapshot_diff(before, snapshot(src))  # nothing added, removed or rewritten meanwhile
+        if changed:
+            raise SourceChanged(f"source changed while publishing: {changed}")
         dest.seal(stage, dirs, files, _manifest(copied, layout, hashing.CHUNK_BYTES))
         res.status = dest.commit(stage, name, exists)
     except BaseException as exc:
         dest.abort(stage, exc)
         raise
-    after_commit(dest, name, res, tracker, keep_last, keep_every)
+    _after_commit(dest, name, res, tracker, keep_last, keep_every)
     faults.point("done")
     res.seconds = time.perf_counter() - t0
     return res
@@ -201,8 +243,10 @@ class LocalCommit(LocalDest):
         return os.path.lexists(self.show(name))
 
     def published_manifest(self, name: str) -> bytes | None:
-        p = os.path.join(self.show(name), mf.NAME)
-        return open(p, "rb").read(mf.MAX_MANIFEST_BYTES) if os.path.isfile(p) else None
+        try:
+            return read_regular(os.path.join(self.show(name), mf.NAME), mf.MAX_MANIFEST_BYTES)
+        except (OSError, ValueError):
+            return None
 
     def finish_unchanged(self, name: str) -> None:
         pass
@@ -227,19 +271,27 @@ class LocalCommit(LocalDest):
         final = self.show(name)
         if exists:
             _swap(tmp, final, self.root, name)
-            status = "replaced"
-        else:
-            try:
-                rename_noreplace(tmp, final)
-            except FileExistsError:
-                raise UsageError(f"{final}: appeared while publishing (another publisher?); "
-                                 f"nothing replaced") from None
+            return "replaced"
+        try:
+            rename_noreplace(tmp, final)
+        except FileExistsError:
+            raise UsageError(f"{final}: appeared while publishing (another publisher?); "
+                             f"nothing replaced") from None
+        try:
             fsync_dir(self.root)
-            status = "published"
+        except OSError as exc:  # the rename happened: say so, never "temporary copy removed"
+            raise InputError(f"{final} was renamed into place, but the directory fsync of {self.root} failed "
+                             f"({exc.strerror or exc}): the checkpoint may not survive a power loss; the "
+                             f"tracker was not moved (re-run publish to finish)") from None
         faults.point("rename")
-        return status
+        return "published"
+
+    def matches_manifest(self, name: str, manifest: bytes, workers, progress) -> bool:
+        return _storage_matches(LocalStorage(self.show(name)), manifest, workers, progress)
 
     def abort(self, tmp: str, exc: BaseException) -> None:
+        if isinstance(exc, CkptDoctorError) and not os.path.exists(tmp):
+            return  # committed (the temp is gone): the message already says what happened
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, SourceChanged):
             raise InputError(f"publish aborted: {exc}; nothing published, tracker untouched") from None
@@ -256,8 +308,8 @@ class LocalCommit(LocalDest):
 
 def _check_source_manifest(path: str, copied: dict) -> None:
     try:
-        want = mf.parse(open(path, "rb").read(), mf.NAME)
-    except mf.ManifestError:
+        want = mf.parse(read_regular(path, mf.MAX_MANIFEST_BYTES), mf.NAME)
+    except (mf.ManifestError, ValueError, OSError):
         return  # verify reports a corrupt manifest (CKD154); publish writes a fresh one
     chunk_ok = all(e.chunk_bytes == hashing.CHUNK_BYTES for e in want.values())
     for rel, e in want.items():
@@ -305,6 +357,10 @@ class ObjectCommit(ObjectDest):
 
     def published_manifest(self, name: str) -> bytes | None:
         return self.fs.cat_file(f"{self.root}/{name}/{mf.NAME}")
+
+    def matches_manifest(self, name: str, manifest: bytes, workers, progress) -> bool:
+        from ..io.fs import FsspecStorage
+        return _storage_matches(FsspecStorage(self.show(name), fs=self.fs), manifest, workers, progress)
 
     def finish_unchanged(self, name: str) -> None:
         inprog = f"{self.root}/{name}/{naming.in_progress_object()}"
@@ -400,6 +456,15 @@ def _upload(fs, src: str, final: str, rels: list[str], workers, progress) -> dic
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckd-upload") as ex:
         futs = {r: ex.submit(one, r) for r in rels}
         return {r: f.result() for r, f in futs.items()}
+
+
+def is_inside(dest_root: str, src: str) -> bool:
+    """Is DEST_ROOT (or the checkpoint it would receive) the source or inside it?"""
+    if is_url(dest_root) and not dest_root.startswith("file://"):
+        return False
+    root = os.path.realpath(dest_root[len("file://"):] if dest_root.startswith("file://") else dest_root)
+    src = os.path.realpath(src)
+    return root == src or root.startswith(src.rstrip("/") + "/")
 
 
 def destination(dest_root: str):

@@ -57,17 +57,47 @@ def staging_for(layout: Layout | None, name: str, entries: list[str]) -> list[st
 
 
 HOST = socket.gethostname().replace("-", "_") or "host"
+# A checkpoint name: one plain ASCII directory name (no trailing newline, no non-ASCII digits, no
+# path separators, not hidden); full match, so Python's `$`-before-newline cannot slip one through.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,254}", re.ASCII)
+
+
+def check_name(name: str) -> None:
+    from ..layouts import manifest as mf
+    if not NAME_RE.fullmatch(name or ""):
+        raise UsageError(f"--name {name!r}: a checkpoint name is one ASCII directory name (letters, digits, "
+                         f"'._+=-', not starting with a dot)")
+    if name in tracker_files() | {mf.NAME, mf.INTEGRITY, in_progress_object(), LOCK_FILE} or \
+            any(name == l.tracker.file for l in spec.run_layouts() if l.tracker):
+        raise UsageError(f"--name {name!r}: that is the name of a tracker or marker file; publishing a "
+                         f"checkpoint there would replace it")
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc), which tells a live process from
+    a new one that reused its pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+_START = start_time(os.getpid()) or "0"
 
 
 def temp_name(name: str) -> str:
-    return config()["temp_dir"].format(name=name, host=HOST, pid=os.getpid(), nonce=secrets.token_hex(3))
+    return config()["temp_dir"].format(name=name, host=HOST, pid=f"{os.getpid()}.{_START}",
+                                       nonce=secrets.token_hex(3))
 
 
 def trash_name(name: str) -> str:
-    return config()["trash_dir"].format(name=name, host=HOST, pid=os.getpid(), nonce=secrets.token_hex(3))
+    return config()["trash_dir"].format(name=name, host=HOST, pid=f"{os.getpid()}.{_START}",
+                                        nonce=secrets.token_hex(3))
 
 
-_OWN = re.compile(r"^\.(?P<name>.+)\.ckptdoctor-(?P<kind>tmp|trash)-(?P<host>[^-]+)-(?P<pid>[0-9]+)-[0-9a-f]+$")
+_OWN = re.compile(r"^\.(?P<name>.+)\.ckptdoctor-(?P<kind>tmp|trash)-(?P<host>[^-]+)-(?P<pid>[0-9]+)"
+                  r"(?:\.(?P<start>[0-9]+))?-[0-9a-f]+$")
 
 
 def parse_own(dirname: str) -> dict | None:
@@ -75,14 +105,22 @@ def parse_own(dirname: str) -> dict | None:
     return m.groupdict() if m else None
 
 
-def pid_alive(pid: int) -> bool:
+def pid_alive(pid: int, start: str | None = None) -> bool:
+    """Is that process (pid, and start time when recorded) still running on this host?"""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    return start is None or start_time(pid) in (None, start)
+
+
+def owner_alive(own: dict) -> bool:
+    return own["host"] == HOST and pid_alive(int(own["pid"]), own.get("start"))
+
+
+LOCK_FILE = ".ckptdoctor-lock"
 
 
 def tracker_files() -> set[str]:

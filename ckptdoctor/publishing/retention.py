@@ -65,5 +65,4 @@ def prune(root: str, names: list[str]) -> None:
 def _dead_publish(entry: str) -> bool:
     """A temp of a ckptdoctor publish whose process is gone (this host) is not 'being written'."""
     own = naming.parse_own(entry)
-    return bool(own) and (own["kind"] == "trash" or
-                          (own["host"] == naming.HOST and not naming.pid_alive(int(own["pid"]))))
+    return bool(own) and (own["kind"] == "trash" or (own["host"] == naming.HOST and not naming.owner_alive(own)))
