@@ -1,8 +1,8 @@
 """Thin typer commands: parse options, call a flow in ckptdoctor.commands, render the Report."""
 from __future__ import annotations
 
-import logging
 import gc
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -88,12 +88,26 @@ class Common:
 
 
 def _finish(eng, fmt: Fmt) -> None:
-    from .report import render
-    render(eng.report, fmt.value, sys.stdout)
-    sys.stdout.flush()
+    emit(lambda: _render(eng.report, fmt))
     if eng.internal_errors:
         raise typer.Exit(EXIT_INTERNAL)
     raise typer.Exit(1 if eng.report.failed() else 0)
+
+
+def _render(report, fmt: Fmt) -> None:
+    from .report import render
+    render(report, fmt.value, sys.stdout)
+
+
+def emit(write) -> None:
+    """Run `write()` (which prints the report) and flush; a full disk, a closed pipe or an I/O error
+    on standard output is one line and exit 2, never a traceback: the verdict was not delivered."""
+    try:
+        write()
+        sys.stdout.flush()
+    except OSError as exc:
+        _quiet_stdout()
+        raise UsageError(f"cannot write the report to standard output: {exc.strerror or exc}") from None
 
 
 def _logging(quiet: bool, debug: bool) -> None:
@@ -162,11 +176,10 @@ def merge(reports: List[str] = typer.Argument(..., help="JSON reports of `verify
           fail_on: Optional[Level] = FailOnOpt, format: Fmt = FormatOpt):
     """Combine slice reports into one verdict; every slice 0..N-1 must be present."""
     from .commands.merge import merge as do_merge
-    from .report import render
     rep = do_merge(reports)
     if fail_on:
         rep.fail_on = fail_on.value
-    render(rep, format.value, sys.stdout)
+    emit(lambda: _render(rep, format))
     raise typer.Exit(1 if rep.failed() else 0)
 
 
@@ -356,6 +369,22 @@ def _root(version: bool = typer.Option(False, "--version", help="Print the versi
     """ckptdoctor: checkpoint doctor and publisher for large training runs."""
 
 
+def _say(line: str) -> None:
+    """One line on stderr, whatever the message holds (a path with a newline stays one line)."""
+    print(line.replace("\r", "\\r").replace("\n", "\\n"), file=sys.stderr)
+
+
+def _quiet_stdout() -> None:
+    """Point fd 1 at /dev/null, so the interpreter's own flush at exit of what could not be
+    written succeeds silently (no 'Exception ignored' second message)."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, 1)
+        os.close(fd)
+    except OSError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if args == ["--version"]:  # fast path: no typer/rich import for scripts that probe the version
@@ -374,15 +403,14 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit:
         raise
     except CkptDoctorError as exc:
-        print(f"ckptdoctor: {exc}", file=sys.stderr)
+        _say(f"ckptdoctor: {exc}")
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        print("ckptdoctor: interrupted", file=sys.stderr)
+        _say("ckptdoctor: interrupted")
         sys.exit(130)
     except Exception as exc:  # never a raw traceback
         if debug:
             import traceback
             traceback.print_exc()
-        print(f"ckptdoctor: internal error: {type(exc).__name__}: {exc} (rerun with --debug)",
-              file=sys.stderr)
+        _say(f"ckptdoctor: internal error: {type(exc).__name__}: {exc} (rerun with --debug)")
         sys.exit(EXIT_INTERNAL)

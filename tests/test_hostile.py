@@ -12,6 +12,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import time
 import zipfile
 
 import pytest
@@ -190,6 +191,32 @@ def test_fuzz_run_state_and_paths_and_hostlists():
     run()
 
 
+def test_fuzz_decoded_values_stay_within_budget():
+    """Random YAML with anchors and aliases (bomb seeds included): parsed within the alias, node and
+    depth budgets, or refused as ValueError; never a hang, a crash, or gigabytes."""
+    import resource
+    from hypothesis import example
+    from ckptdoctor.runstate.profiles import parse_text
+    laughs = "a: &a [x,x,x,x,x,x,x,x,x,x]\n" + "".join(
+        f"{c}: &{c} [{', '.join(['*' + q] * 10)}]\n" for q, c in zip("abcdefgh", "bcdefghi"))
+
+    @example(laughs)
+    @example("l: &l [*l]\n")
+    @example("[" * 5000 + "]" * 5000)
+    @given(st.lists(st.sampled_from(["a: &a [1, 2]", "b: &b [*a, *a]", "c: &c {k: *b}", "d: [*c, *c, *b]",
+                                     "e: &e [*d, *d, *d]", "f: [*e, *e, *e, *e]", "x: 1", "- y"]),
+                    max_size=12).map("\n".join))
+    def run(text):
+        t0 = time.monotonic()
+        try:
+            parse_text("state.yaml", text.encode())
+        except ValueError:
+            pass
+        assert time.monotonic() - t0 < 5
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < (2 << 20)
+    run()
+
+
 # ---- pickles that try to run code --------------------------------------------------------------------------
 class _Reduce:
     def __init__(self, fn, *args):
@@ -364,15 +391,19 @@ def test_fuzz_whole_checkpoints_end_to_end(demo_run, tmp_path_factory):
     (with checksums): findings only, never an internal error (CKD900) or an exception."""
     files = sorted(p.relative_to(demo_run) for p in demo_run.rglob("*") if p.is_file())
 
+    import resource
+
     @settings(max_examples=40 if not os.environ.get("CKPTDOCTOR_FUZZ") else 2000, deadline=None)
-    @given(st.lists(st.tuples(st.sampled_from(files), st.sampled_from(["truncate", "flip", "delete", "junk"]),
+    @given(st.lists(st.tuples(st.sampled_from(files), st.sampled_from(["truncate", "flip", "delete", "junk", "fifo",
+                                                                        "devzero", "dir"]),
                               st.integers(0, 1 << 16)), min_size=1, max_size=3))
     def run(ops):
+        t0 = time.monotonic()
         d = tmp_path_factory.mktemp("fz") / "run"
         shutil.copytree(demo_run, d)
         for rel, op, k in ops:
             p = d / rel
-            if not p.exists():
+            if not p.is_file() or p.is_symlink():  # gone, or already replaced by a FIFO, device or dir
                 continue
             data = p.read_bytes()
             if op == "truncate":
@@ -382,12 +413,24 @@ def test_fuzz_whole_checkpoints_end_to_end(demo_run, tmp_path_factory):
                 p.write_bytes(data[:i] + bytes([data[i] ^ (1 << (k % 8))]) + data[i + 1:])
             elif op == "delete":
                 p.unlink()
+            elif op == "fifo":  # hostile types in place of a file: never opened, never a hang
+                p.unlink()
+                os.mkfifo(p)
+            elif op == "devzero":
+                p.unlink()
+                os.symlink("/dev/zero", p)
+            elif op == "dir":
+                p.unlink()
+                (p / "x").mkdir(parents=True)
             else:
                 p.write_bytes(data + bytes([k & 0xFF]) * (k % 64))
         for checksums in (False, True):
             rep = api.verify(str(d), checksums=checksums, quiet=True)
             assert not [f for f in rep.findings if f.rule == "CKD900"], \
                 [(f.rule, f.message) for f in rep.findings]
+        # a resource budget per example: seconds, and the process's peak RSS (a high-water mark)
+        assert time.monotonic() - t0 < 20
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < (2 << 20), "peak RSS over 2 GiB"
         shutil.rmtree(d.parent)
     run()
 

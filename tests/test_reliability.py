@@ -238,3 +238,248 @@ def test_tracker_write_failure_says_the_checkpoint_landed(tmp_path):
     rc, out, err = run_cli("publish", "-q", str(src), str(dest), timeout=30)
     assert rc == 2 and "iter_0000200 is published and complete" in err and "re-run publish" in err, err
     assert (dest / "iter_0000200" / ".metadata").exists()
+
+
+# ---- 9/13. bombs: YAML aliases, shared-reference pickles, deflate ----------------------------------------
+def _measured(*args, timeout=60):
+    """(rc, stdout, stderr, peak RSS MiB) of the real CLI under /usr/bin/time."""
+    p = subprocess.run(["/usr/bin/time", "-f", "%M", sys.executable, "-m", "ckptdoctor", *args],
+                       capture_output=True, text=True, timeout=timeout)
+    lines = [ln for ln in p.stderr.strip().splitlines() if not ln.startswith("Command exited with")]
+    return p.returncode, p.stdout, "\n".join(lines[:-1]), int(lines[-1]) / 1024
+
+
+BILLION_LAUGHS = "a: &a [x,x,x,x,x,x,x,x,x,x]\n" + "".join(
+    f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi")) + \
+    "schema: ckptdoctor.run_state/v1\ntrainer: {step: *i}\n"
+
+
+def test_yaml_alias_bomb_state_file_is_refused_fast(tmp_path):
+    p = tmp_path / "state.yaml"
+    p.write_text(BILLION_LAUGHS)
+    assert len(BILLION_LAUGHS) < 1200
+    rc, out, err, rss = _measured("reconcile", str(p), timeout=30)
+    assert rc == 2 and "YAML aliases" in err and len(err.splitlines()) == 1, err
+    assert rss < 300, rss
+
+
+def test_recursive_yaml_alias_is_refused(tmp_path):
+    p = tmp_path / "state.yaml"
+    p.write_text("schema: ckptdoctor.run_state/v1\nloop: &l [*l]\n")
+    rc, out, err, rss = _measured("reconcile", str(p), timeout=30)
+    assert rc == 2 and "Traceback" not in err and len(err.splitlines()) == 1, err
+
+
+def _pt_with(pickle_bytes: bytes, compress=False) -> bytes:
+    import io
+    import zipfile
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED) as zf:
+        zf.writestr("archive/data.pkl", pickle_bytes)
+        zf.writestr("archive/version", "3\n")
+    return buf.getvalue()
+
+
+def _nemo_step(tmp_path):
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "fixtures"))
+    pytest.importorskip("torch")
+    import nemo_rl_ckpt
+    return nemo_rl_ckpt.write_step(tmp_path / "rl", step=7, cursor=6, batches=7)
+
+
+def test_shared_reference_pickle_in_a_pt_is_a_finding(tmp_path):
+    step = _nemo_step(tmp_path)
+    # list nested 30 deep, each level holding the level below twice: 1.4 KB, 2^30 values as a tree
+    import pickle
+    x: list = []
+    for _ in range(30):
+        x = [x, x]
+    data = pickle.dumps({"_num_yielded": x}, protocol=2)
+    assert len(data) < 2000
+    open(os.path.join(step, "train_dataloader.pt"), "wb").write(_pt_with(data))
+    rc, out, err, rss = _measured("reconcile", "-f", "json", step, timeout=30)
+    assert rc == 1 and "Traceback" not in err, err
+    notes = [f for f in json.loads(out)["findings"] if "train_dataloader.pt" in f["path"]]
+    assert notes and any("values" in f["message"] for f in notes), json.loads(out)["findings"]
+    assert rss < 400, rss
+
+
+def test_deflate_bomb_pt_is_refused_before_inflating(tmp_path):
+    from ckptdoctor.io import ptfile
+    import io
+    bomb = _pt_with(b"\x80\x02" + b"\x00" * (200 << 20) + b".", compress=True)
+    assert len(bomb) < 400_000
+    with pytest.raises(ptfile.PtError, match="inflates"):
+        ptfile.read_pt(io.BytesIO(bomb))
+
+
+# ---- 10. chunk coverage: exact, whatever the number of chunks -------------------------------------------
+def test_coverage_verdict_matches_brute_force():
+    import itertools
+    import math
+    import random
+    from ckptdoctor.layouts.coverage import problems
+    rng = random.Random(3)
+
+    def brute(size, chunks):
+        cnt = {}
+        for off, sz in chunks:
+            for cell in itertools.product(*[range(o, o + s) for o, s in zip(off, sz)]):
+                cnt[cell] = cnt.get(cell, 0) + 1
+        return len(cnt) == math.prod(size) and all(v == 1 for v in cnt.values())
+    for _ in range(3000):
+        nd = rng.randint(1, 3)
+        size = tuple(rng.randint(1, 4) for _ in range(nd))
+        chunks = []
+        for _ in range(rng.randint(1, 6)):
+            off = tuple(rng.randint(0, g - 1) for g in size)
+            chunks.append((off, tuple(rng.randint(1, g - o) for g, o in zip(size, off))))
+        if rng.random() < 0.5:  # an exact grid, sometimes
+            cuts = [sorted({0, g, rng.randint(0, g)}) for g in size]
+            chunks = [(tuple(c[i] for c, i in zip(cuts, idx)), tuple(c[i + 1] - c[i] for c, i in zip(cuts, idx)))
+                      for idx in itertools.product(*[range(len(c) - 1) for c in cuts])]
+            chunks = [ch for ch in chunks if all(ch[1])]
+        assert (problems(size, chunks) == []) == brute(size, chunks), (size, chunks)
+
+
+def test_coverage_names_the_faults_among_many_chunks():
+    from ckptdoctor.layouts.coverage import problems
+    cols = [((0, i), (4, 1)) for i in range(8000)]
+    assert problems((4, 8000), cols) == []
+    msgs = " ".join(m for m, _ in problems((4, 8000), cols[:-1]))
+    assert "hole at offsets [0, 7999]" in msgs
+    msgs = " ".join(m for m, _ in problems((4, 8000), cols + [cols[5]]))
+    assert "overlap" in msgs
+
+
+# ---- 12/16. counts are checked before anything is expanded --------------------------------------------------
+@pytest.mark.parametrize("args, words", [
+    (["--nodelist", "n[1-99999,1-99999,1-99999]", "--ranks-per-node", "2"], "more than 100000 hosts"),
+    (["--nodelist", "n[1-2]", "--ranks-per-node", "999999999999"], "need 1 to 65536"),
+    (["--nodelist", "n[1-2]", "--ranks-per-node", "8(x9999999999)"], "more than 100000 nodes"),
+    (["--nodelist", "n[1-2]", "--ranks-per-node", "0"], "need 1 to 65536"),
+])
+def test_allocation_bounds_are_usage_errors(tmp_path, args, words):
+    rc, out, err, rss = _measured("preflight", str(tmp_path), *args, timeout=30)
+    assert rc == 2 and words in err and len(err.splitlines()) == 1, err
+    assert rss < 200, rss
+
+
+@pytest.mark.parametrize("doc, words", [
+    ({"version": 1, "target": "x", "findings": [], "facts": {"slice": {"k": 5, "n": 0}}}, "not a valid K/N"),
+    ({"version": 1, "target": "x", "findings": [], "facts": {"slice": {"k": "0", "n": 1}}}, "not a `verify --slice"),
+    ({"version": 1, "target": "x", "findings": [{"rule": "CKD999"}], "facts": {"slice": {"k": 0, "n": 1}}},
+     "not ckptdoctor findings"),
+    ([1, 2], "not a `verify --slice"),
+])
+def test_forged_slice_reports_are_refused(tmp_path, doc, words):
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(doc))
+    rc, out, err = run_cli("merge", str(p))
+    assert rc == 2 and words in err and "Traceback" not in err, err
+
+
+# ---- 15. preflight checks that what a rank needs can be read ---------------------------------------------
+def test_preflight_unreadable_shard_is_an_error(tmp_path):
+    from helpers import spread
+    src = iter_dir(tmp_path / "src" / "iter_0000100")
+    loc = spread(src, tmp_path / "nodes", ["n1", "n2"], 1)
+    os.chmod(tmp_path, 0o755)
+    shard = tmp_path / "nodes" / "n2" / "run7" / "iter_0000100" / "__1_0.distcp"
+    os.chmod(shard, 0)
+    p = subprocess.run(as_unprivileged() + [sys.executable, "-m", "ckptdoctor", "preflight", loc, "--nodelist",
+                                            "n[1-2]", "--ranks-per-node", "1", "-f", "json"],
+                       capture_output=True, text=True, timeout=60)
+    hits = [f for f in json.loads(p.stdout)["findings"] if f["rule"] == "CKD401"]
+    assert p.returncode == 1 and hits and hits[0]["details"]["unreadable"] == ["__1_0.distcp"], p.stdout
+    assert hits[0]["details"]["node"] == "n2" and "unreadable" in hits[0]["message"]
+
+
+# ---- 17. bad input is a finding or exit 2, never exit 3 ------------------------------------------------------
+def test_unreadable_metadata_and_tracker_are_findings_with_json(tmp_path):
+    root = tmp_path / "run"
+    d = iter_dir(root / "iter_0000100")
+    (root / TRACKER).write_text("100")
+    os.chmod(tmp_path, 0o755)
+    os.chmod(d / ".metadata", 0)
+    os.chmod(root / TRACKER, 0)
+    p = subprocess.run(as_unprivileged() + [sys.executable, "-m", "ckptdoctor", "verify", "-f", "json", str(root)],
+                       capture_output=True, text=True, timeout=60)
+    doc = json.loads(p.stdout)
+    rules = {f["rule"] for f in doc["findings"]}
+    assert p.returncode == 1 and {"CKD110", "CKD112"} <= rules, (p.stderr, doc["findings"])
+
+
+def test_absurd_safetensors_shape_is_a_finding(tmp_path):
+    import struct
+    d = tmp_path / "st"
+    d.mkdir()
+    hdr = json.dumps({"w": {"dtype": "F32", "shape": [int("9" * 4000)], "data_offsets": [0, 4]}}).encode()
+    (d / "model.safetensors").write_bytes(struct.pack("<Q", len(hdr)) + hdr + b"\0" * 4)
+    rc, out, err = run_cli("verify", "-f", "json", str(d))
+    hits = [f for f in json.loads(out)["findings"] if f["rule"] == "CKD120"]
+    assert rc == 1 and hits and "2^63" in hits[0]["message"], (err, out)
+
+
+def test_deeply_nested_metadata_is_a_finding(tmp_path):
+    d = iter_dir(tmp_path / "iter_0000100")
+    (d / ".metadata").write_bytes(b"\x80\x02)" + b"\x85" * 200_000 + b".")
+    rc, out, err = run_cli("verify", "-f", "json", str(d))
+    assert rc == 1 and "CKD110" in {f["rule"] for f in json.loads(out)["findings"]}, err
+
+
+def test_deep_source_tree_is_one_line_exit_2(tmp_path):
+    src = iter_dir(tmp_path / "src" / "iter_0000100")
+    deep = src
+    for _ in range(100):
+        deep = deep / "d"
+    deep.mkdir(parents=True)
+    (deep / "f").write_bytes(b"x")
+    rc, out, err = run_cli("publish", "-q", str(src), str(tmp_path / "dest"))
+    assert rc == 2 and "deeper than 64 levels" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "dest" / "iter_0000100").exists()
+
+
+def test_non_ascii_digits_in_the_destination_tracker(tmp_path):
+    src = iter_dir(tmp_path / "src" / "iter_0000200", 200)
+    dest = tmp_path / "dest"
+    iter_dir(dest / "iter_0000100")
+    (dest / TRACKER).write_text("١٠٠")  # Arabic-Indic 100: Megatron's int() reads it, our names do not
+    rc, out, err = run_cli("publish", "-q", str(src), str(dest), "-f", "json")
+    assert rc == 0 and (dest / TRACKER).read_text() == "200", err
+
+
+def test_report_to_a_full_disk_is_one_line_exit_2(tmp_path):
+    d = iter_dir(tmp_path / "iter_0000100")
+    p = subprocess.run(f"{sys.executable} -m ckptdoctor verify {d} > /dev/full", shell=True, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2 and "standard output" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_a_path_with_a_newline_gives_a_one_line_error(tmp_path):
+    rc, out, err = run_cli("verify", str(tmp_path / "no\nsuch"))
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "no\\nsuch" in err, err
+
+
+def test_reconcile_fix_never_loses_a_concurrent_write(tmp_path, monkeypatch):
+    from ckptdoctor.commands import reconcile as flow
+    from ckptdoctor.engine.errors import UsageError
+    doc = {"schema": "ckptdoctor.run_state/v1",
+           "config": {"num_prompts_per_step": 4, "group_size": 8, "sampler": "in_order", "max_lookahead_versions": 1},
+           "trainer": {"step": 7, "version": 7, "epoch": 0}, "sampler": {"cursor": 6, "cursor_source": "saved"},
+           "dataloader": {"batches_total": 8},
+           "buffer": {"groups": [{"target_step": 7, "status": "ready", "size": 8, "start_version": 6}] * 4}}
+    p = tmp_path / "state.json"
+    p.write_text(json.dumps(doc))
+    view = flow.load(str(p), None, [])
+    assert view.plan.safe
+    from ckptdoctor.io import atomic
+    real = atomic._commit_via_temp
+
+    def racing(path, data, temp_name, commit):  # another writer lands between our read and our rename
+        p.write_text(json.dumps(dict(doc, note="written concurrently")))
+        return real(path, data, temp_name, commit)
+    monkeypatch.setattr(atomic, "_commit_via_temp", racing)
+    with pytest.raises(UsageError, match="changed while being repaired"):
+        flow.fix(view)
+    assert json.loads(p.read_text())["note"] == "written concurrently"

@@ -29,10 +29,13 @@ def rank_files_missing(pf, eng):
             by_node.setdefault(g.node, []).append(g)
         for node, gaps in by_node.items():
             ranks = sorted({r for g in gaps for r in g.ranks})
+            unreadable = [g.rel for g in gaps if g.why == "unreadable"]
+            what = "missing" if not unreadable else "unreadable" if len(unreadable) == len(gaps) else \
+                "missing or unreadable"
             yield Hit(gaps[0].path, f"node {node}: {len(gaps)} shard file(s) of {v.name or 'the checkpoint'} "
-                      f"missing for {_ranks(ranks)} (e.g. {gaps[0].rel})", severity=_sev(pf, name),
+                      f"{what} for {_ranks(ranks)} (e.g. {gaps[0].rel})", severity=_sev(pf, name),
                       details={"node": node, "checkpoint": v.name, "ranks": ranks,
-                               "files": [g.rel for g in gaps][:50]},
+                               "files": [g.rel for g in gaps][:50], "unreadable": unreadable[:50]},
                       hint=_where_else(pf, name, gaps))
     for step, d in pf.nvrx.items():
         if d["owners_missing"]:
@@ -69,7 +72,8 @@ def rank_file_short(pf, eng):
 def global_file_missing(pf, eng):
     for name, v in pf.verdicts.items():
         for g in v.global_missing:
-            yield Hit(g.path, f"node {g.node}: {g.rel} of {v.name or 'the checkpoint'} is missing, and "
+            yield Hit(g.path, f"node {g.node}: {g.rel} of {v.name or 'the checkpoint'} is "
+                      f"{'missing' if g.why == 'missing' else 'unreadable (permission denied)'}, and "
                       f"every rank on the node reads it ({_ranks(g.ranks)})", severity=_sev(pf, name),
                       details={"node": g.node, "checkpoint": v.name, "file": g.rel, "ranks": g.ranks},
                       hint="global files must be on every node (or on shared storage)")

@@ -8,23 +8,43 @@ import json
 
 from ..engine.catalog import catalog
 from ..engine.errors import UsageError
-from ..engine.finding import Finding, Report
+from ..engine.finding import SEVERITIES, Finding, Report
+from ..io.fs import read_regular
+
+MAX_REPORT_BYTES = 256 << 20
+
+
+def _validate(p: str, doc) -> dict:
+    """The slice record of one report, every field typed; UsageError naming the file otherwise."""
+    bad = UsageError(f"{p}: not a `verify --slice K/N --format json` report")
+    if not isinstance(doc, dict) or doc.get("version") != 1 or not isinstance(doc.get("target"), str):
+        raise bad
+    facts = doc.get("facts")
+    sl = facts.get("slice") if isinstance(facts, dict) else None
+    if not isinstance(sl, dict) or not all(isinstance(sl.get(k), int) and not isinstance(sl.get(k), bool)
+                                           for k in ("k", "n")):
+        raise bad
+    if not 1 <= sl["n"] <= 100_000 or not 0 <= sl["k"] < sl["n"]:
+        raise UsageError(f"{p}: slice {sl['k']}/{sl['n']} is not a valid K/N (need 0 <= K < N)")
+    findings = doc.get("findings")
+    cat = catalog()
+    if not isinstance(findings, list) or not all(
+            isinstance(f, dict) and f.get("rule") in cat and f.get("severity") in SEVERITIES
+            and isinstance(f.get("path"), str) and isinstance(f.get("message"), str) for f in findings):
+        raise UsageError(f"{p}: its findings are not ckptdoctor findings (unknown rule or severity)")
+    return sl
 
 
 def merge(paths: list[str]) -> Report:
     docs = []
     for p in paths:
         try:
-            with open(p, "rb") as fh:
-                doc = json.load(fh)
+            doc = json.loads(read_regular(p, MAX_REPORT_BYTES))
         except OSError as exc:
             raise UsageError(f"{p}: {exc.strerror or exc}") from None
-        except ValueError as exc:
-            raise UsageError(f"{p}: not a JSON report ({exc})") from None
-        sl = (doc.get("facts") or {}).get("slice") if isinstance(doc, dict) else None
-        if not sl or doc.get("version") != 1:
-            raise UsageError(f"{p}: not a `verify --slice K/N --format json` report")
-        docs.append((p, doc, sl))
+        except (ValueError, RecursionError) as exc:
+            raise UsageError(f"{p}: not a JSON report ({str(exc)[:120]})") from None
+        docs.append((p, doc, _validate(p, doc)))
     targets = {d["target"] for _, d, _ in docs}
     ns = {sl["n"] for _, _, sl in docs}
     if len(targets) != 1 or len(ns) != 1:
@@ -49,7 +69,10 @@ def merge(paths: list[str]) -> Report:
             keys.add(key)
             rep.findings.append(Finding(rule=f["rule"], name=f.get("name") or cat[f["rule"]].name,
                                         severity=f["severity"], path=f["path"], message=f["message"],
-                                        details=f.get("details") or {}, hint=f.get("hint")))
-    rep.facts = {"merged_slices": n, "bytes_hashed": sum(sl.get("bytes", 0) for _, _, sl in docs),
-                 "units_hashed": sum(sl.get("units", 0) for _, _, sl in docs)}
+                                        details=f.get("details") if isinstance(f.get("details"), dict) else {},
+                                        hint=f.get("hint") if isinstance(f.get("hint"), str) else None))
+    def num(v):
+        return v if isinstance(v, int) and not isinstance(v, bool) else 0
+    rep.facts = {"merged_slices": n, "bytes_hashed": sum(num(sl.get("bytes")) for _, _, sl in docs),
+                 "units_hashed": sum(num(sl.get("units")) for _, _, sl in docs)}
     return rep

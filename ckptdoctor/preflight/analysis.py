@@ -23,6 +23,7 @@ class Gap:
     ranks: list[int]
     expected: int | None = None
     actual: int | None = None
+    why: str = "missing"      # missing | unreadable (exists, but this user cannot read it)
 
 
 @dataclass
@@ -123,8 +124,9 @@ class Preflight:
             for rel in sorted(files_by_rank[r]):
                 have = ck.files.get(rel) if ck else None
                 shown = self._show(node, name, rel)
-                if have is None:
-                    g = miss.setdefault((node, rel), Gap(node, name, shown, rel, []))
+                if have is None or not self._readable(node, name, rel):
+                    g = miss.setdefault((node, rel), Gap(node, name, shown, rel, [],
+                                                         why="missing" if have is None else "unreadable"))
                     g.ranks.append(r)
                 elif rel in need and have < need[rel]:
                     out.short.append(Gap(node, name, shown, rel, [r], need[rel], have))
@@ -141,10 +143,20 @@ class Preflight:
                 continue
             ck = copies.get(node)
             for g in list(fam.global_files) + sorted(present_anywhere):
-                if ck is None or g not in ck.files:
+                if ck is None or g not in ck.files or not self._readable(node, name, g):
                     out.global_missing.append(Gap(node, name, self._show(node, name, g), g,
-                                                  self.alloc.ranks_of(node)))
+                                                  self.alloc.ranks_of(node),
+                                                  why="missing" if ck is None or g not in ck.files else "unreadable"))
         return out
+
+    def _readable(self, node: str, name: str, rel: str) -> bool:
+        """Can this user read the file a rank needs?  access(2) on local storage (stats alone said
+        ok for a mode-000 shard); object stores answer at read time, so they count as readable."""
+        st = self.views[node].storage
+        if st is None or not st.local:
+            return True
+        import os
+        return os.access(st.abspath(f"{name}/{rel}" if name else rel), os.R_OK)
 
     def _show(self, node: str, name: str, rel: str) -> str:
         v = self.views[node]

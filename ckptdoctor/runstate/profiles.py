@@ -19,6 +19,7 @@ from ..engine.catalog import data_dir, load_yaml
 from ..engine.errors import UsageError
 from ..io import ptfile
 from ..io.fs import Storage
+from ..io.decoded import check_size, load_yaml_bounded
 from ..io.unpickle import RefusedGlobal
 from ..layouts.spec import families, match_any
 from .pathexpr import MISSING, PathError, evaluate
@@ -90,7 +91,7 @@ class Mapping:
     def _parse(self, rel: str, size: int | None) -> Any:
         if rel.endswith((".pt", ".pth")):
             with self.st.open(rel) as fh:
-                return ptfile.read_pt(fh)
+                return check_size(ptfile.read_pt(fh), rel)
         if size is not None and size > MAX_JSON_BYTES:
             raise ValueError(f"{size} bytes is too large for a run-state file (limit {MAX_JSON_BYTES})")
         return parse_text(rel, self.st.read(rel, MAX_JSON_BYTES))
@@ -100,10 +101,11 @@ def parse_text(rel: str, raw: bytes):
     """JSON for *.json, safe YAML otherwise; ValueError naming the format on bad input."""
     kind = "JSON" if rel.endswith(".json") else "YAML"
     try:
-        return json.loads(raw) if kind == "JSON" else \
-            yaml.load(raw, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        return check_size(json.loads(raw) if kind == "JSON" else load_yaml_bounded(raw), kind)
     except (json.JSONDecodeError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ValueError(f"not valid {kind}: {str(exc).splitlines()[0][:120]}") from None
+    except RecursionError:
+        raise ValueError(f"not valid {kind}: nested too deeply") from None
 
 
 def _spec(profile: Profile, overrides: dict[str, dict], name: str) -> dict | None:
@@ -305,6 +307,8 @@ def load_state_file(st: Storage, rel: str) -> RunState:
         raw = st.read(rel, MAX_JSON_BYTES + 1)
     except OSError as exc:
         raise InputError(f"{st.show(rel)}: cannot read: {exc.strerror or exc}") from None
+    except ValueError:
+        raise InputError(f"{st.show(rel)}: larger than {MAX_JSON_BYTES} bytes; not a run-state file") from None
     if len(raw) > MAX_JSON_BYTES:
         raise InputError(f"{st.show(rel)}: larger than {MAX_JSON_BYTES} bytes; not a run-state file")
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 MAX_HOSTS = 100_000
+MAX_TASKS_PER_NODE = 65_536   # ranks on one node; every count is checked before anything is expanded
 
 
 class HostlistError(ValueError):
@@ -55,8 +56,8 @@ def _range(body: str, expr: str) -> list[str]:
         lo, hi = int(lo_s), int(hi_s)
         if hi < lo:
             raise HostlistError(f"range {part!r} runs backwards in {expr!r}")
-        if hi - lo + 1 > MAX_HOSTS:
-            raise HostlistError(f"range {part!r} has more than {MAX_HOSTS} hosts")
+        if len(vals) + hi - lo + 1 > MAX_HOSTS:  # counted before expanding: many ranges add up
+            raise HostlistError(f"{expr!r} expands to more than {MAX_HOSTS} hosts")
         width = len(lo_s) if lo_s.startswith("0") and len(lo_s) > 1 else 0
         vals.extend(str(i).zfill(width) for i in range(lo, hi + 1))
     return vals
@@ -136,12 +137,15 @@ def tasks_per_node(spec: str, nodes: int | None = None) -> list[int]:
     """SLURM_TASKS_PER_NODE ('2(x3),1' -> [2, 2, 2, 1]) or SLURM_NTASKS_PER_NODE ('4')."""
     out: list[int] = []
     for part in (spec or "").split(","):
-        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        m = re.fullmatch(r"\s*([0-9]+)(?:\(x([0-9]+)\))?\s*", part)
         if not m:
             raise HostlistError(f"bad tasks-per-node {spec!r}")
-        out += [int(m.group(1))] * int(m.group(2) or 1)
-        if len(out) > MAX_HOSTS:
-            raise HostlistError(f"tasks-per-node {spec!r} is too long")
+        k, times = int(m.group(1)), int(m.group(2) or 1)
+        if not 1 <= k <= MAX_TASKS_PER_NODE:
+            raise HostlistError(f"{k} ranks per node in {spec!r}: need 1 to {MAX_TASKS_PER_NODE}")
+        if times < 1 or len(out) + times > MAX_HOSTS:  # counted before repeating
+            raise HostlistError(f"tasks-per-node {spec!r} names more than {MAX_HOSTS} nodes")
+        out += [k] * times
     if nodes is not None and len(out) == 1 and nodes > 1:
         out = out * nodes
     return out
