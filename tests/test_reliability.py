@@ -51,6 +51,29 @@ def test_concurrent_publishes_keep_the_tracker_at_the_newest(tmp_path):
     assert finals == ["300"] * 6
 
 
+def test_a_slow_older_publish_cannot_overwrite_a_newer_tracker(tmp_path):
+    """Deterministic ordering of the race: the publish of iter 100 decides its tracker write, then
+    stalls just before the rename; meanwhile iter 300 is published.  Without one lock around
+    read-decide-write, 100's late rename would move the tracker backwards."""
+    src = tmp_path / "src"
+    for s in (100, 300):
+        iter_dir(src / f"iter_{s:07d}", s)
+    dest = tmp_path / "dest"
+    slow = subprocess.Popen([sys.executable, "-m", "ckptdoctor", "publish", "-q", str(src / "iter_0000100"),
+                             str(dest)], env=dict(os.environ, CKPTDOCTOR_TEST_PAUSE_AT="tracker-temp:3"),
+                            stderr=subprocess.PIPE)
+    for _ in range(200):  # wait until the slow one holds its decided tracker temp
+        if dest.exists() and any(".ckptdoctor-tmp" in e and TRACKER in e for e in os.listdir(dest)):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the slow publish never reached its tracker write")
+    rc, out, err = run_cli("publish", "-q", str(src / "iter_0000300"), str(dest))
+    assert rc == 0, err
+    assert slow.wait(timeout=60) == 0, slow.stderr.read()
+    assert (dest / TRACKER).read_text() == "300"
+
+
 # ---- 2. an unlistable source subdirectory aborts the publish ----------------------------------------
 def test_unlistable_source_subdirectory_aborts(tmp_path):
     src = iter_dir(tmp_path / "src" / "iter_0000100")

@@ -4,6 +4,7 @@ CKPTDOCTOR_TEST_KILL_AT=PHASE     SIGKILL this process when publish reaches PHAS
                                   (copy, manifest, rename, swap, tracker-temp, tracker, prune, upload)
 CKPTDOCTOR_TEST_ENOSPC_AFTER=N    fail a write with ENOSPC once N bytes were copied (for machines
                                   where the tests cannot mount a small filesystem)
+CKPTDOCTOR_TEST_PAUSE_AT=PHASE:S  sleep S seconds when publish reaches PHASE (to order two publishes)
 CKPTDOCTOR_TEST_PHASE_LOG=FILE    append "PHASE MONOTONIC_SECONDS" to FILE as publish passes each phase,
                                   so a test that kills at random moments knows which phase it hit
 """
@@ -17,6 +18,7 @@ import threading
 _KILL_AT = os.environ.get("CKPTDOCTOR_TEST_KILL_AT")
 _ENOSPC_AFTER = os.environ.get("CKPTDOCTOR_TEST_ENOSPC_AFTER")
 _PHASE_LOG = os.environ.get("CKPTDOCTOR_TEST_PHASE_LOG")
+_PAUSE_AT = os.environ.get("CKPTDOCTOR_TEST_PAUSE_AT")
 _written = 0
 _lock = threading.Lock()
 
@@ -31,6 +33,9 @@ def point(phase: str) -> None:
             os.close(fd)
     if _KILL_AT and _KILL_AT == phase:
         os.kill(os.getpid(), signal.SIGKILL)
+    if _PAUSE_AT and _PAUSE_AT.split(":")[0] == phase:
+        import time
+        time.sleep(float(_PAUSE_AT.split(":")[1]))
 
 
 def wrote(n: int) -> None:
