@@ -349,6 +349,24 @@ def layouts(format: Fmt = typer.Option(Fmt.text, "--format", "-f", help="Output 
 
 
 @app.command(rich_help_panel="Reference")
+def paths(format: Fmt = typer.Option(Fmt.text, "--format", "-f", help="Output format (text or json).")):
+    """Where the man pages, shell completions and Slurm scripts are installed (for a Prolog or an
+    admin copying them into place)."""
+    import json as _json
+
+    from .paths import places
+    ps = places()
+    if format is Fmt.json:
+        emit(lambda: _json.dump({p.what: {"path": p.path, "exists": p.exists} for p in ps}, sys.stdout, indent=2))
+        print()
+        return
+    labels = {"man": "man pages", "bash": "bash completion", "zsh": "zsh completion", "fish": "fish completion",
+              "slurm": "Slurm scripts"}
+    for p in ps:
+        print(f"{labels[p.what]:<16} {p.path}" + ("" if p.exists else "  (not found)"))
+
+
+@app.command(rich_help_panel="Reference")
 def demo(directory: Optional[str] = typer.Argument(None, help="Where to write the demo run "
                                                    "[default: a new temporary directory]."),
          format: Fmt = FormatOpt):

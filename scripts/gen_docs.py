@@ -77,6 +77,37 @@ Config file to use when \\fB\\-\\-config\\fR is not given.
 """
 
 
+# The README's examples, per page (kept here so every page has an EXAMPLES section; the docs test
+# checks each page has one).
+EXAMPLES = {
+    "ckptdoctor": ["ckptdoctor demo", "ckptdoctor verify /scratch/run7", "ckptdoctor rules CKD104"],
+    "verify": ["ckptdoctor verify /scratch/run7                    # a run root: what resumes, what is broken",
+               "ckptdoctor verify /scratch/run7/iter_0000300       # one checkpoint directory",
+               "ckptdoctor verify s3://bucket/run7 --format json   # any fsspec URL",
+               "ckptdoctor verify --checksums --slice $SLURM_PROCID/$SLURM_NTASKS /scratch/run7/iter_0000300"],
+    "manifest": ["ckptdoctor manifest /scratch/run7/iter_0000300"],
+    "merge": ["ckptdoctor merge slice-*.json"],
+    "publish": ["ckptdoctor publish /nvme/run7/iter_0000300 /lustre/run7",
+                "ckptdoctor publish --keep-last 3 --keep-every 1000 /nvme/run7/iter_0000300 /lustre/run7",
+                "ckptdoctor publish /nvme/run7/iter_0000300 s3://bucket/run7"],
+    "reconcile": ["ckptdoctor reconcile /ckpts/grpo/step_7", "ckptdoctor reconcile --simulate /ckpts/grpo/step_7",
+                  "ckptdoctor reconcile --fix /ckpts/grpo/step_7"],
+    "preflight": ["ckptdoctor preflight '/nvme/{node}/run7' --nodelist 'gpu[001-004]' --ranks-per-node 8",
+                  "ckptdoctor preflight --local /nvme/run7      # in a job's first step, on each node"],
+    "rules": ["ckptdoctor rules", "ckptdoctor rules CKD104", "ckptdoctor rules --format json"],
+    "layouts": ["ckptdoctor layouts", "ckptdoctor layouts --format json"],
+    "paths": ["ckptdoctor paths", "ckptdoctor paths --format json"],
+    "demo": ["ckptdoctor demo", "ckptdoctor demo /tmp/ckptdoctor-demo"],
+}
+
+
+def examples(name: str) -> str:
+    lines = EXAMPLES.get(name)
+    if not lines:
+        raise SystemExit(f"gen_docs: no EXAMPLES for {name}: add them to EXAMPLES")
+    return ".SH EXAMPLES\n" + "\n".join(f".PP\n.nf\n{esc(x)}\n.fi" for x in lines)
+
+
 def generate() -> dict[str, str]:
     cmd = typer.main.get_command(app)
     files: dict[str, str] = {}
@@ -84,14 +115,15 @@ def generate() -> dict[str, str]:
     top_desc = ("ckptdoctor finds broken checkpoints before a relaunch and publishes them whole or not at "
                 "all. Subcommands: " + ", ".join(subs) + ". Each has its own page, e.g. ckptdoctor\\-verify(1).")
     files["man/ckptdoctor.1"] = page("ckptdoctor", cmd.help.splitlines()[0], "ckptdoctor [--version] COMMAND [ARGS]...",
-                                     top_desc, cmd.params, EXIT + "\n" + FILES + "\n.SH SEE ALSO\n" +
+                                     top_desc, cmd.params, examples("ckptdoctor") + "\n" + EXIT + "\n" + FILES +
+                                     "\n.SH SEE ALSO\n" +
                                      ", ".join(f"ckptdoctor\\-{s}(1)" for s in subs))
     for sname, sub in subs.items():
         synopsis = f"ckptdoctor {sname} [OPTIONS]" + "".join(
             f" {p.name.upper()}" for p in sub.params if p.param_type_name == "argument")
         files[f"man/ckptdoctor-{sname}.1"] = page(f"ckptdoctor-{sname}", (sub.help or "").splitlines()[0],
                                                   synopsis, sub.help or "", sub.params,
-                                                  EXIT + "\n.SH SEE ALSO\nckptdoctor(1)")
+                                                  examples(sname) + "\n" + EXIT + "\n.SH SEE ALSO\nckptdoctor(1)")
     for shell, fname in (("bash", "completions/ckptdoctor.bash"), ("zsh", "completions/_ckptdoctor"),
                          ("fish", "completions/ckptdoctor.fish")):
         files[fname] = get_completion_script(prog_name="ckptdoctor", complete_var="_CKPTDOCTOR_COMPLETE",

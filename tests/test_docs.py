@@ -41,3 +41,10 @@ def test_runtime_completion_answers():
     rc, out, _ = cli(env={"_CKPTDOCTOR_COMPLETE": "complete_bash", "COMP_WORDS": "ckptdoctor verify --fo",
                           "COMP_CWORD": "2"})
     assert "--format" in out
+
+
+def test_every_man_page_has_examples():
+    for page in sorted((ROOT / "man").glob("*.1")):
+        text = page.read_text()
+        assert ".SH EXAMPLES" in text and text.index(".SH EXAMPLES") < text.index(".SH EXIT STATUS"), page.name
+        assert "ckptdoctor" in text.split(".SH EXAMPLES", 1)[1].split(".SH", 1)[0], page.name

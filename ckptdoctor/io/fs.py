@@ -287,6 +287,19 @@ def _mtime(info: dict) -> float | None:
     return None
 
 
+# fsspec protocol -> the extra that installs its driver (pyproject.toml [project.optional-dependencies])
+EXTRAS = {"s3": ("s3", "s3fs"), "s3a": ("s3", "s3fs"), "gs": ("gcs", "gcsfs"), "gcs": ("gcs", "gcsfs"),
+          "sftp": ("sftp", "paramiko"), "ssh": ("sftp", "paramiko")}
+
+
+def install_hint(location: str) -> str:
+    proto = location.split("://", 1)[0].lower() if "://" in location else ""
+    extra, pkg = EXTRAS.get(proto, (None, None))
+    if extra:
+        return f"install it: pip install 'ckptdoctor[{extra}]' (brings {pkg})"
+    return f"install the fsspec driver for {proto}:// (see fsspec's list of known implementations)"
+
+
 def open_location(location: str) -> Storage:
     """Open a checkpoint location; raise InputError (exit 2) or TransientError (exit 75)."""
     try:
@@ -294,7 +307,7 @@ def open_location(location: str) -> Storage:
         root = st.stat("")
     except ImportError as exc:
         raise InputError(f"{location}: no filesystem driver for this URL ({exc.name or exc}); "
-                         f"install it, e.g. pip install 'ckptdoctor[s3]'") from None
+                         f"{install_hint(location)}") from None
     except ValueError as exc:
         raise InputError(f"{location}: {exc}") from None
     except PermissionError:

@@ -473,7 +473,11 @@ def destination(dest_root: str):
         import fsspec
         try:
             fs, root = fsspec.core.url_to_fs(dest_root)
-        except (ImportError, ValueError) as exc:
+        except ImportError as exc:
+            from ..io.fs import install_hint
+            raise InputError(f"{dest_root}: no filesystem driver for this URL ({exc.name or exc}); "
+                             f"{install_hint(dest_root)}") from None
+        except ValueError as exc:
             raise InputError(f"{dest_root}: {exc}") from None
         return ObjectCommit(fs, root.rstrip("/"), dest_root)
     root = dest_root[len("file://"):] if dest_root.startswith("file://") else dest_root
