@@ -36,13 +36,14 @@ def make_engine(command: str, target: str, *, select=None, ignore=None, severity
     return eng
 
 
-def verify(path: str, *, layout: str | None = None, select=None, ignore=None, severity=None,
-           fail_on: str = "error", **options) -> Report:
-    """Structural verify (and `checksums=True` for content) of a checkpoint or run root."""
+def verify(path: str, *, layout: str | None = None, target: str = "all", select=None, ignore=None,
+           severity=None, fail_on: str = "error", **options) -> Report:
+    """Structural verify (and `checksums=True` for content) of a checkpoint or run root;
+    `target="resume"` is the relaunch gate (only what the framework will load decides)."""
     from .commands import verify as flow
     eng = make_engine("verify", path, select=select, ignore=ignore, severity=severity, fail_on=fail_on,
                       **options)
-    flow.run(path, eng, layout=layout)
+    flow.run(path, eng, layout=layout, target=target)
     return eng.report
 
 

@@ -28,6 +28,11 @@ class Fmt(str, Enum):
     sarif = "sarif"
 
 
+class Target(str, Enum):
+    all = "all"
+    resume = "resume"
+
+
 class Level(str, Enum):
     error = "error"
     warning = "warning"
@@ -107,6 +112,8 @@ def emit(write) -> None:
         sys.stdout.flush()
     except OSError as exc:
         _quiet_stdout()
+        if isinstance(exc, BrokenPipeError):  # `| head`: the reader chose to stop; no message
+            raise typer.Exit(2) from None
         raise UsageError(f"cannot write the report to standard output: {exc.strerror or exc}") from None
 
 
@@ -120,6 +127,9 @@ def _logging(quiet: bool, debug: bool) -> None:
 def verify(
     path: str = typer.Argument(..., help="Checkpoint directory, run root, or fsspec URL (s3://, file://)."),
     layout: Optional[str] = typer.Option(None, "--layout", help="Force a layout (see `ckptdoctor layouts`)."),
+    target: Target = typer.Option(Target.all, "--target", help="all: every checkpoint decides the exit status; "
+                                  "resume: the relaunch gate, only the tracker and the checkpoint the framework "
+                                  "will resume from (findings elsewhere become info)."),
     num_experts: Optional[int] = typer.Option(None, "--num-experts", help="Expected expert count for "
                                               "CKD109 (default: from config.json)."),
     mtime_tolerance: Optional[float] = typer.Option(None, "--mtime-tolerance", help="Seconds a shard may "
@@ -142,7 +152,7 @@ def verify(
     c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet)
     eng = _engine("verify", path, c, {"num_experts": num_experts, "mtime_tolerance": mtime_tolerance,
                                       "checksums": checksums or None, "slice": sl, "workers": workers})
-    flow.run(path, eng, layout=layout)
+    flow.run(path, eng, layout=layout, target=target.value)
     _finish(eng, format)
 
 
@@ -164,10 +174,14 @@ def _parse_slice(value: Optional[str], checksums: bool):
 @app.command(rich_help_panel="Inspection")
 def manifest(path: str = typer.Argument(..., help="One checkpoint directory (local)."),
              workers: Optional[int] = typer.Option(None, "--workers", help="Hashing threads."),
+             force: bool = typer.Option(False, "--force", help="Write it even if the checkpoint fails "
+                                        "structural verify."),
+             replace: bool = typer.Option(False, "--replace", help="Rewrite an existing manifest (atomically)."),
              quiet: bool = QuietOpt):
-    """Hash a checkpoint and write ckptdoctor.manifest.json into it (a new file, atomically)."""
+    """Hash a checkpoint and write ckptdoctor.manifest.json into it (atomically); refuses a
+    checkpoint that fails structural verify unless --force."""
     from .commands.manifest import write_manifest
-    target, nfiles, nbytes = write_manifest(path, workers=workers, quiet=quiet)
+    target, nfiles, nbytes = write_manifest(path, workers=workers, quiet=quiet, force=force, replace=replace)
     print(f"wrote {target}: {nfiles} files, {nbytes} bytes")
 
 
@@ -348,6 +362,21 @@ def layouts(format: Fmt = typer.Option(Fmt.text, "--format", "-f", help="Output 
         print(f"{l.name:<22} {l.family:<15} {l.scope:<10} {l.title}")
 
 
+class SchemaName(str, Enum):
+    report = "report"
+    run_state = "run-state"
+
+
+@app.command(rich_help_panel="Reference")
+def schema(name: SchemaName = typer.Argument(..., help="report (what --format json prints) or run-state "
+                                              "(ckptdoctor.run_state/v1).")):
+    """Print the JSON Schema of a report or of run_state/v1."""
+    import json as _json
+
+    from .report.schemas import SCHEMAS
+    emit(lambda: (_json.dump(SCHEMAS[name.value](), sys.stdout, indent=2), print()))
+
+
 @app.command(rich_help_panel="Reference")
 def paths(format: Fmt = typer.Option(Fmt.text, "--format", "-f", help="Output format (text or json).")):
     """Where the man pages, shell completions and Slurm scripts are installed (for a Prolog or an
@@ -370,8 +399,12 @@ def paths(format: Fmt = typer.Option(Fmt.text, "--format", "-f", help="Output fo
 def demo(directory: Optional[str] = typer.Argument(None, help="Where to write the demo run "
                                                    "[default: a new temporary directory]."),
          format: Fmt = FormatOpt):
-    """Write a small realistic run with injected faults and run the doctor on it."""
+    """Write a small realistic run with injected faults and run the doctor on it (DIR must be new,
+    empty, or an earlier demo)."""
     from .demo import run_demo
+    if format is not Fmt.text:
+        raise UsageError("demo prints several reports, one per scene, as text; run a scene's own "
+                         "command with --format json for a JSON report")
     raise typer.Exit(run_demo(directory, format.value))
 
 

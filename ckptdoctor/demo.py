@@ -49,11 +49,30 @@ def build_run(root: str) -> dict[str, str]:
             "iter_0000200": "a second save crashed while committing (.metadata.tmp left behind)"}
 
 
+_MARK = ".ckptdoctor-demo"
+
+
+def _demo_dir(directory: str) -> str:
+    """DIR must be new, empty, or an earlier demo (which is replaced): the demo never writes among
+    someone's files."""
+    import shutil
+    from .engine.errors import UsageError
+    if os.path.isdir(directory) and os.listdir(directory):
+        if not os.path.isfile(os.path.join(directory, _MARK)):
+            raise UsageError(f"{directory}: not empty; the demo writes only into a new or empty directory")
+        for e in os.listdir(directory):
+            p = os.path.join(directory, e)
+            shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
+    os.makedirs(directory, exist_ok=True)
+    open(os.path.join(directory, _MARK), "w").close()
+    return directory
+
+
 def run_demo(directory: str | None, fmt: str = "text") -> int:
     from .api import make_engine
     from .commands import verify as flow
     from .report import render
-    root = directory or tempfile.mkdtemp(prefix="ckptdoctor-demo-")
+    root = _demo_dir(directory) if directory else tempfile.mkdtemp(prefix="ckptdoctor-demo-")
     run = os.path.join(root, "megatron-run")
     out = sys.stdout
     faults = build_run(run)

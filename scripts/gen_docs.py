@@ -97,6 +97,7 @@ EXAMPLES = {
     "rules": ["ckptdoctor rules", "ckptdoctor rules CKD104", "ckptdoctor rules --format json"],
     "layouts": ["ckptdoctor layouts", "ckptdoctor layouts --format json"],
     "paths": ["ckptdoctor paths", "ckptdoctor paths --format json"],
+    "schema": ["ckptdoctor schema report > ckptdoctor-report.schema.json", "ckptdoctor schema run-state"],
     "demo": ["ckptdoctor demo", "ckptdoctor demo /tmp/ckptdoctor-demo"],
 }
 

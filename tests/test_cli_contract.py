@@ -27,7 +27,7 @@ def healthy(tmp_path):
 def test_exit_0_on_healthy(healthy):
     rc, out, err = cli("verify", str(healthy))
     assert rc == 0, (out, err)
-    assert out.strip().splitlines()[-1] == "verify: ok - 0 error(s), 0 warning(s), 0 info"
+    assert out.strip().splitlines()[-1] == "verify: ok - 0 errors, 0 warnings, 0 info"
     rc, out, err = cli("verify", "-f", "json", str(healthy))
     doc = json.loads(out)
     assert rc == 0 and doc["findings"] == [] and doc["facts"]["layout"] == "dcp"
@@ -136,9 +136,20 @@ def test_sarif_validates_against_2_1_0_schema(demo_run):
     assert rc == 1
     doc = json.loads(out)
     jsonschema.validate(doc, schema)
-    res = doc["runs"][0]["results"]
+    run = doc["runs"][0]
+    res = run["results"]
     assert {r["ruleId"] for r in res} >= {"CKD104"}
-    assert all(r["locations"][0]["physicalLocation"]["region"]["startLine"] == 1 for r in res)
+    assert "informationUri" not in run["tool"]["driver"]  # no placeholder URL
+    assert all("**Why it matters.**" in r["help"]["markdown"] for r in run["tool"]["driver"]["rules"])
+    base = run["originalUriBaseIds"]["CHECKPOINT"]["uri"]
+    assert base == "file://" + str(demo_run) + "/"
+    for r in res:
+        loc = r["locations"][0]["physicalLocation"]
+        art = loc["artifactLocation"]
+        assert art["uriBaseId"] == "CHECKPOINT" and not art["uri"].startswith("/"), art
+        on_disk = demo_run / art["uri"]
+        # a line number only for a file, never for a directory
+        assert ("region" in loc) == on_disk.is_file(), (art, loc.get("region"))
 
 
 def test_text_output_no_color_when_not_a_tty(demo_run):

@@ -44,8 +44,8 @@ def cursor_behind_buffer(v, eng):
     ahead = sorted(t for t in p.cnt if t > p.c)
     dropped = sum(min(p.cnt[t], p.n or p.cnt[t]) for t in ahead)
     base = (f"sampler cursor {p.c} is behind replay-buffer target step(s) {', '.join(map(str, ahead))} "
-            f"({dropped} group(s)): on resume the pump re-stamps them and the guard drops {dropped} "
-            f"prompt(s) of the batch(es) it pulls")
+            f"({dropped} group(s)): on resume the rollout loop stamps those steps again and the "
+            f"duplicate check drops {dropped} prompt(s) of the batch(es) it pulls")
     det = {"cursor": p.c, "targets_ahead": ahead, "dropped_prompts": dropped,
            "evidence": _ev(v, "sampler.cursor", "buffer.groups", "dataloader.batches_total")}
     if p.a is None:

@@ -13,8 +13,11 @@ from ..report.progress import Progress
 from ..layouts.locate import locate
 
 
-def write_manifest(path: str, *, workers: int | None = None, quiet: bool = False,
-                   chunk_bytes: int = hashing.CHUNK_BYTES) -> tuple[str, int, int]:
+def write_manifest(path: str, *, workers: int | None = None, quiet: bool = False, force: bool = False,
+                   replace: bool = False, chunk_bytes: int = hashing.CHUNK_BYTES) -> tuple[str, int, int]:
+    """Hash a checkpoint and write its manifest.  A checkpoint that fails structural verify is
+    refused unless `force` (a manifest would certify broken bytes); an existing manifest is kept
+    unless `replace` (then rewritten atomically)."""
     st = open_location(path)
     if not st.local:
         raise UsageError(f"{path}: writing manifests to object stores is done by `ckptdoctor publish`")
@@ -22,8 +25,17 @@ def write_manifest(path: str, *, workers: int | None = None, quiet: bool = False
     if ck is None:
         raise UsageError(f"{path}: not a checkpoint directory (give one checkpoint, not a run root)")
     target = os.path.join(st.abspath(""), mf.NAME)
-    if os.path.exists(target):
-        raise UsageError(f"{target}: already exists; refusing to replace a manifest")
+    if os.path.exists(target) and not replace:
+        raise UsageError(f"{target}: already exists; pass --replace to rewrite it from the bytes on disk")
+    if not force:
+        from ..api import make_engine
+        from .verify import check_checkpoint
+        eng = make_engine("verify", path, ignore=["CKD15"])  # structure only: the manifest is being made
+        status = check_checkpoint(eng, ck)
+        if not status.complete:
+            errs = [f"{f.rule} {f.message}" for f in eng.report.findings if f.severity == "error"]
+            raise UsageError(f"{path}: fails verification ({'; '.join(errs[:2])}); a manifest would certify "
+                             f"broken bytes; fix it, or pass --force")
     try:
         files = {rel: size for rel, size in walk_files(st).items() if rel != mf.NAME}
     except TreeLimit as exc:
@@ -41,7 +53,10 @@ def write_manifest(path: str, *, workers: int | None = None, quiet: bool = False
                     created=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                     nodes=mf.writer_nodes())
     try:
-        atomic.write_new(target, data)
+        if replace:
+            atomic.replace_file(target, data)
+        else:
+            atomic.write_new(target, data)
     except FileExistsError:
         raise UsageError(f"{target}: appeared while hashing; refusing to replace it") from None
     except PermissionError:

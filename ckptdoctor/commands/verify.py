@@ -19,6 +19,7 @@ def check_checkpoint(engine: Engine, ck: CheckpointView) -> CheckpointStatus:
         status.complete = False
         status.reasons.append("CKD901 unreadable")
         status.findings = 1 if f else 0
+        status.added = [f] if f else []
         return status
     added = []
     for name, e in sorted(ck.entries.items()):  # a FIFO or device is never opened: it is a finding
@@ -30,6 +31,7 @@ def check_checkpoint(engine: Engine, ck: CheckpointView) -> CheckpointStatus:
                 added.append(f)
     added += engine.run_scope("checkpoint", ck)
     status.findings = len(added)
+    status.added = added
     for f in added:
         if f.severity == "error":
             status.complete = False
@@ -37,7 +39,10 @@ def check_checkpoint(engine: Engine, ck: CheckpointView) -> CheckpointStatus:
     return status
 
 
-def run(location: str, engine: Engine, layout: str | None = None) -> Report:
+def run(location: str, engine: Engine, layout: str | None = None, target: str = "all") -> Report:
+    """`target`: "all" judges every checkpoint; "resume" (the relaunch gate) lets only the tracker and
+    the checkpoint the framework will resume from decide the exit status: findings in other
+    checkpoints are kept, as info."""
     st = open_location(location)
     rep = engine.report
     found = locate(st, layout)
@@ -68,11 +73,30 @@ def run(location: str, engine: Engine, layout: str | None = None) -> Report:
     rep.facts["newest_complete"] = newest.name if newest else None
     rep.facts["resume_from"] = runv.resume_target
     _slice_stats(rep, runv.checkpoints)
+    rep.facts["target"] = target
+    if target == "resume":
+        _gate_on_resume_target(runv)
     for f in rep.findings:  # tell users of a broken checkpoint what to use instead
         if f.severity == "error" and newest and f.path.startswith(st.show("")) and newest.display not in f.path:
             if f.rule in ("CKD101", "CKD102") and not (f.hint or "").endswith("."):
                 f.hint = (f.hint + "; " if f.hint else "") + f"newest complete checkpoint: {newest.name}."
     return rep
+
+
+def _gate_on_resume_target(runv: RunView) -> None:
+    """Findings in checkpoints the framework will not load become info (they matter only when
+    someone falls back to them).  With no resume target, nothing is downgraded: the tracker's own
+    findings (and what made the target unusable) decide."""
+    target = runv.resume_target
+    if target is None:
+        return
+    for name, st in runv.status.items():
+        if name == target:
+            continue
+        for f in st.added:
+            if f.severity != "info":
+                f.details = dict(f.details, gated_from=f.severity)
+                f.severity = "info"
 
 
 def _slice_stats(rep, views):

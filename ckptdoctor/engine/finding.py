@@ -8,6 +8,14 @@ SEVERITIES = ("error", "warning", "info")
 RANK = {"info": 0, "warning": 1, "error": 2}
 
 
+def _absolute(target: str) -> str:
+    """The checked location as an absolute path (or the URL as given)."""
+    import os
+    if "://" in target and not target.startswith("file://"):
+        return target
+    return os.path.abspath(target[len("file://"):] if target.startswith("file://") else target)
+
+
 @dataclass
 class Hit:
     """What a check yields: the runner stamps rule id and final severity on it."""
@@ -58,6 +66,7 @@ class Report:
         return {f.rule for f in self.findings}
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": 1, "command": self.command, "target": self.target, "config": self.config,
+        return {"version": 1, "command": self.command, "target": self.target, "root": _absolute(self.target),
+                "config": self.config,
                 "findings": [f.to_json() for f in self.findings], "summary": self.summary,
                 "facts": self.facts}

@@ -111,6 +111,7 @@ class CheckpointStatus:
     complete: bool = True
     reasons: list[str] = field(default_factory=list)
     findings: int = 0
+    added: list = field(default_factory=list)  # the Findings this checkpoint's checks produced
 
 
 class RunView:

@@ -11,8 +11,27 @@ STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def console(out) -> Console:
-    return Console(file=out, highlight=False, soft_wrap=True,
+    """On a terminal, rich's own width; anywhere else (Slurm logs, pipes, files) a width no row can
+    exceed, so no path or node name is ever cut with an ellipsis."""
+    tty = hasattr(out, "isatty") and out.isatty()
+    return Console(file=out, highlight=False, soft_wrap=True, width=None if tty else 100_000,
                    no_color="NO_COLOR" in os.environ and os.environ["NO_COLOR"] != "")
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def duration(s) -> str:
+    """Seconds as a person says them: '45 s', '12 min 5 s', '10 h 1 min', '3 d 4 h'."""
+    if s is None:
+        return "?"
+    s = int(round(s))
+    for big, bs, small, ss in (("d", 86400, "h", 3600), ("h", 3600, "min", 60), ("min", 60, "s", 1)):
+        if s >= bs:
+            rest = (s % bs) // ss
+            return f"{s // bs} {big}" + (f" {rest} {small}" if rest else "")
+    return f"{s} s"
 
 
 def _size(n) -> str:
@@ -25,12 +44,7 @@ def _size(n) -> str:
 
 
 def _age(s) -> str:
-    if s is None:
-        return "?"
-    for unit, div in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= div:
-            return f"{s / div:.1f}{unit}"
-    return f"{s:.0f}s"
+    return duration(s)
 
 
 def render(report, out) -> None:
@@ -84,8 +98,9 @@ def render(report, out) -> None:
         con.print(Text(line))
     s = report.summary
     verdict = "FAIL" if report.failed() else "ok"
-    con.print(Text(f"{report.command}: {verdict} - {s['error']} error(s), {s['warning']} warning(s), "
-                   f"{s['info']} info", style="bold red" if report.failed() else "bold green"))
+    con.print(Text(f"{report.command}: {verdict} - {plural(s['error'], 'error')}, "
+                   f"{plural(s['warning'], 'warning')}, {s['info']} info",
+                   style="bold red" if report.failed() else "bold green"))
 
 
 def _unk(v) -> str:
@@ -146,7 +161,8 @@ def _publish(con, facts) -> None:
     tr = res.get("tracker")
     if tr:
         if tr["written"]:
-            con.print(Text(f"tracker {tr['file']}: {tr['old']!r} -> {tr['new']!r}"))
+            old = (tr["old"] or "").strip()
+            con.print(Text(f"tracker {tr['file']}: " + (f"{old} -> {tr['new']}" if old else f"now {tr['new']}")))
         else:
             con.print(Text(f"tracker {tr['file']} unchanged: {tr['note']}", style="yellow"))
     for n in res.get("pruned") or []:
@@ -160,12 +176,13 @@ def _publish(con, facts) -> None:
 
 
 def _preflight(con, facts) -> None:
-    t = Table(title=f"allocation: {len(facts['nodes'])} node(s), {facts['world']} rank(s)"
-              + (f" (--local on {facts['local']})" if facts.get("local") else ""), title_justify="left")
+    t = Table(title=f"allocation: {plural(len(facts['nodes']), 'node')}, {plural(facts['world'], 'rank')}"
+              + (f" (checked on this node, {facts['local']})" if facts.get("local") else ""), title_justify="left")
     for col in ("node", "ranks", "gaps (resume target)", "gaps (all)", "location"):
         t.add_column(col)
     for r in facts["nodes"]:
-        ranks = f"{r['ranks'][0]}-{r['ranks'][1]}" if r["ranks"] else "-"
+        a, b = r["ranks"] if r["ranks"] else (None, None)
+        ranks = "-" if a is None else str(a) if a == b else f"{a}-{b}"
         bad = r["problem"] or r["gaps_in_resume_target"]
         t.add_row(r["node"], ranks, Text(str(r["gaps_in_resume_target"]) if not r["problem"] else "unreadable",
                                          style="red" if bad else "green"), str(r["gaps"]), r["location"])

@@ -1,0 +1,57 @@
+"""JSON Schemas (draft 2020-12) for what ckptdoctor writes: the report (`--format json` of every
+judging subcommand) and `ckptdoctor.run_state/v1`.  Built from the same tables the code validates
+with (the catalog's rule ids, run_state's FIELDS), so they cannot drift; `ckptdoctor schema NAME`
+prints them and the tests validate real outputs against them."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..engine.finding import SEVERITIES
+
+_NULLABLE = {"int": {"type": ["integer", "null"]}, "str": {"type": ["string", "null"]},
+             "bool": {"type": ["boolean", "null"]}, "list": {"type": ["array", "null"]}}
+
+
+def report() -> dict[str, Any]:
+    from ..engine.catalog import catalog
+    finding = {"type": "object", "additionalProperties": False,
+               "required": ["rule", "name", "severity", "path", "message", "details", "hint"],
+               "properties": {"rule": {"enum": sorted(catalog())}, "name": {"type": "string"},
+                              "severity": {"enum": list(SEVERITIES)}, "path": {"type": "string"},
+                              "message": {"type": "string"}, "details": {"type": "object"},
+                              "hint": {"type": ["string", "null"]}}}
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": "https://ckptdoctor/schemas/report-v1.json", "title": "ckptdoctor report (version 1)",
+            "type": "object", "additionalProperties": False,
+            "required": ["version", "command", "target", "root", "config", "findings", "summary", "facts"],
+            "properties": {
+                "version": {"const": 1},
+                "command": {"enum": ["verify", "publish", "reconcile", "preflight"]},
+                "target": {"type": "string", "description": "the location as given"},
+                "root": {"type": "string", "description": "the location as an absolute path (or URL)"},
+                "config": {"type": ["string", "null"], "description": "the config file that applied"},
+                "findings": {"type": "array", "items": finding},
+                "summary": {"type": "object", "additionalProperties": False, "required": list(SEVERITIES),
+                            "properties": {s: {"type": "integer", "minimum": 0} for s in SEVERITIES}},
+                "facts": {"type": "object", "description": "per-command facts (resume target, table rows, ...)"}}}
+
+
+def run_state() -> dict[str, Any]:
+    from ..runstate.schema import FIELDS, GROUP_FIELDS, SCHEMA, STATUSES
+    group = {"type": "object", "additionalProperties": False,
+             "properties": {k: (_NULLABLE[t] if t else {}) for k, t in GROUP_FIELDS.items()}}
+    group["properties"]["status"] = {"enum": [*STATUSES, None]}
+    props: dict[str, Any] = {"schema": {"const": SCHEMA},
+                             "provenance": {"type": "object", "additionalProperties": {"type": "string"}}}
+    for sec, spec in FIELDS.items():
+        fields = {k: dict(_NULLABLE[t]) for k, t in spec.items()}
+        if "groups" in fields:
+            fields["groups"]["items"] = group
+        props[sec] = {"type": ["object", "null"], "additionalProperties": False, "properties": fields}
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": "https://ckptdoctor/schemas/run-state-v1.json", "title": SCHEMA,
+            "description": "Every field is nullable: absent or null means unknown, never 0.",
+            "type": "object", "required": ["schema"], "additionalProperties": False, "properties": props}
+
+
+SCHEMAS = {"report": report, "run-state": run_state}

@@ -1,0 +1,176 @@
+"""What a new user trips over (issue 21): the relaunch gate, output that survives Slurm logs, JSON
+Schemas that real outputs validate against, SARIF a code-scanning UI can use, refusals where a
+write would hurt, install hints that name the right extra."""
+import json
+import os
+
+import pytest
+
+from ckptdoctor import api
+from ckptdoctor.layouts import dcp_writer as W
+from helpers import assert_fires, cli
+
+TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def iter_dir(d, step=100, world=2):
+    W.write(str(d), [W.Item("w", (2 * world, 4), (2 * r, 0), (2, 4), [float(step + r)] * 8, rank=r)
+                     for r in range(world)])
+    (d / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist"}))
+    return d
+
+
+@pytest.fixture
+def run_with_old_breakage(tmp_path):
+    """iter 100 broken (a truncated shard), iter 200 healthy and named by the tracker."""
+    root = tmp_path / "run"
+    for s in (100, 200):
+        iter_dir(root / f"iter_{s:07d}", s)
+    os.truncate(root / "iter_0000100" / "__1_0.distcp", 100)
+    (root / TRACKER).write_text("200")
+    return root
+
+
+# ---- the relaunch gate ----------------------------------------------------------------------------
+def test_relaunch_gate_judges_only_what_resumes(run_with_old_breakage):
+    root = run_with_old_breakage
+    rc, out, _ = cli("verify", "-f", "json", str(root))
+    assert rc == 1  # judging everything: the old broken checkpoint fails
+    rc, out, _ = cli("verify", "--target", "resume", "-f", "json", str(root))
+    doc = json.loads(out)
+    hits = [f for f in doc["findings"] if f["rule"] == "CKD104"]
+    assert rc == 0 and hits and hits[0]["severity"] == "info" and hits[0]["details"]["gated_from"] == "error"
+    assert doc["facts"]["resume_from"] == "iter_0000200" and doc["facts"]["target"] == "resume"
+
+
+def test_relaunch_gate_fails_when_the_resume_target_is_broken(run_with_old_breakage):
+    root = run_with_old_breakage
+    (root / TRACKER).write_text("100")
+    rep = api.verify(str(root), target="resume")
+    assert_fires(rep, "CKD104", severity="error")
+    assert_fires(rep, "CKD113", severity="error")
+    assert rep.failed()
+
+
+def test_relaunch_gate_fails_when_nothing_resumes(run_with_old_breakage):
+    root = run_with_old_breakage
+    (root / TRACKER).write_text("300")  # dangling: the framework fails (or starts over)
+    rep = api.verify(str(root), target="resume")
+    assert rep.facts["resume_from"] is None
+    assert_fires(rep, "CKD113", severity="error")
+    assert rep.failed()
+
+
+# ---- JSON that tools can use ------------------------------------------------------------------------
+def test_reports_validate_against_the_shipped_schema(run_with_old_breakage, tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    rc, out, _ = cli("schema", "report")
+    schema = json.loads(out)
+    reports = [cli("verify", "-f", "json", str(run_with_old_breakage))[1],
+               cli("verify", "--checksums", "-f", "json", str(run_with_old_breakage))[1],
+               cli("preflight", "-f", "json", str(run_with_old_breakage), "--nodelist", "n[1-2]",
+                   "--ranks-per-node", "1")[1],
+               cli("publish", "-q", "-f", "json", str(run_with_old_breakage / "iter_0000200"),
+                   str(tmp_path / "dest"))[1]]
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"schema": "ckptdoctor.run_state/v1", "sampler": {"cursor": 6},
+                                 "trainer": {"version": 7}, "config": {"num_prompts_per_step": 4,
+                                                                       "max_lookahead_versions": 1}}))
+    reports.append(cli("reconcile", "-f", "json", str(state))[1])
+    for text in reports:
+        doc = json.loads(text)
+        jsonschema.validate(doc, schema)
+        assert os.path.isabs(doc["root"])
+    bad = json.loads(reports[0])
+    bad["findings"][0]["severity"] = "fatal"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
+
+
+def test_run_state_schema_matches_what_reconcile_reads(tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(cli("schema", "run-state")[1])
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "fixtures"))
+    pytest.importorskip("torch")
+    import nemo_rl_ckpt
+    step = nemo_rl_ckpt.write_step(tmp_path / "rl", step=7)
+    rc, out, err = cli("reconcile", "--show-state", step)
+    state = json.loads(out)
+    jsonschema.validate(state, schema)  # what --show-state prints is a valid run_state/v1 ...
+    p = tmp_path / "state.json"
+    p.write_text(out)
+    assert cli("reconcile", str(p))[0] in (0, 1)  # ... and reconcile reads it back
+    state["trainer"]["steps"] = 3
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(state, schema)
+
+
+# ---- output that survives where it is read ------------------------------------------------------------
+def test_text_off_a_terminal_never_truncates(tmp_path):
+    from helpers import spread
+    src = iter_dir(tmp_path / "src" / "iter_0000100")
+    long = tmp_path / ("a-rather-long-directory-name-that-would-not-fit-in-eighty-columns" * 2) / "nodes"
+    loc = spread(src, long, ["node-with-a-long-name-0001", "node-with-a-long-name-0002"], 1)
+    rc, out, err = cli("preflight", loc, "--nodelist", "node-with-a-long-name-[0001-0002]", "--ranks-per-node", "1")
+    assert rc == 0, err
+    assert "…" not in out
+    assert str(long / "node-with-a-long-name-0002" / "run7") in out
+    assert "2 nodes, 2 ranks" in out and "(s)" not in out
+
+
+def test_durations_and_tracker_changes_read_like_prose(tmp_path):
+    from ckptdoctor.report.text import duration
+    assert [duration(s) for s in (5, 65, 3600, 36070043.1)] == ["5 s", "1 min 5 s", "1 h", "417 d 11 h"]
+    src = iter_dir(tmp_path / "src" / "iter_0000100")
+    rc, out, err = cli("publish", "-q", str(src), str(tmp_path / "dest"))
+    assert rc == 0 and f"{TRACKER}: now 100" in out and "None" not in out and "'" not in out.split("tracker")[1]
+
+
+# ---- refusals where a write would hurt ------------------------------------------------------------------
+def test_publish_refuses_a_destination_inside_the_source(tmp_path):
+    src = iter_dir(tmp_path / "iter_0000100")
+    for dest in (src, src / "out"):
+        rc, out, err = cli("publish", "-q", str(src), str(dest))
+        assert rc == 2 and "inside (or is) the source" in err, err
+    assert sorted(os.listdir(src)) == sorted(["__0_0.distcp", "__1_0.distcp", ".metadata", "metadata.json"])
+
+
+def test_manifest_refuses_a_broken_checkpoint_and_replaces_atomically(tmp_path):
+    d = iter_dir(tmp_path / "iter_0000100")
+    os.truncate(d / "__1_0.distcp", 10)
+    rc, out, err = cli("manifest", "-q", str(d))
+    assert rc == 2 and "fails verification" in err and "CKD104" in err and not (d / "ckptdoctor.manifest.json").exists()
+    rc, out, err = cli("manifest", "-q", "--force", str(d))
+    assert rc == 0, err
+    first = (d / "ckptdoctor.manifest.json").read_bytes()
+    rc, out, err = cli("manifest", "-q", "--force", str(d))
+    assert rc == 2 and "already exists" in err and "--replace" in err
+    (d / "__1_0.distcp").write_bytes(b"y" * 10)
+    rc, out, err = cli("manifest", "-q", "--force", "--replace", str(d))
+    assert rc == 0 and (d / "ckptdoctor.manifest.json").read_bytes() != first
+    assert not [e for e in os.listdir(d) if "tmp" in e]
+
+
+def test_demo_refuses_a_non_empty_directory_and_reruns_cleanly(tmp_path):
+    (tmp_path / "mine.txt").write_text("precious")
+    rc, out, err = cli("demo", str(tmp_path))
+    assert rc == 2 and "not empty" in err and (tmp_path / "mine.txt").read_text() == "precious"
+    d = tmp_path / "demo"
+    assert cli("demo", str(d))[0] == 0
+    assert cli("demo", str(d))[0] == 0  # its own earlier demo is replaced, not an error
+
+
+# ---- install hints name their own extra --------------------------------------------------------------------
+@pytest.mark.parametrize("url, extra, pkg", [("gs://bucket/run", "gcs", "gcsfs"), ("sftp://host/run", "sftp", "paramiko"),
+                                             ("s3://bucket/run", "s3", "s3fs")])
+def test_install_hints(url, extra, pkg):
+    from ckptdoctor.io.fs import install_hint
+    assert install_hint(url) == f"install it: pip install 'ckptdoctor[{extra}]' (brings {pkg})"
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    from pathlib import Path
+    extras = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert pkg in extras[extra]
