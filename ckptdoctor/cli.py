@@ -40,9 +40,24 @@ class Level(str, Enum):
 
 
 # ---- shared option declarations ------------------------------------------------------------
-SelectOpt = typer.Option(None, "--select", help="Only these rules: ids or names, prefixes allowed "
+def _complete_rules(incomplete: str):
+    from .engine.catalog import catalog
+    inc = incomplete.rsplit(",", 1)[-1]
+    head = incomplete[: len(incomplete) - len(inc)]
+    return [head + k for r in catalog().values() for k in (r.id, r.name) if k.startswith(inc.upper() if
+            inc[:3].upper() == "CKD" else inc)]
+
+
+def _complete_layouts(incomplete: str):
+    from .layouts.spec import layouts
+    return [n for n in layouts() if n.startswith(incomplete)]
+
+
+SelectOpt = typer.Option(None, "--select", autocompletion=_complete_rules,
+                         help="Only these rules: ids or names, prefixes allowed "
                          "(CKD1, tracker-), comma-separated or repeated; ALL for every rule.")
-IgnoreOpt = typer.Option(None, "--ignore", help="Skip these rules (ids or names, prefixes allowed).")
+IgnoreOpt = typer.Option(None, "--ignore", autocompletion=_complete_rules,
+                         help="Skip these rules (ids or names, prefixes allowed).")
 FailOnOpt = typer.Option(None, "--fail-on", help="Exit 1 when a finding is at or above this severity "
                          "[default: error].")
 SeverityOpt = typer.Option(None, "--severity", help="Override a rule's severity: RULE=error|warning|info "
@@ -54,6 +69,17 @@ IsolatedOpt = typer.Option(False, "--isolated", help="Ignore every config file a
 FormatOpt = typer.Option(Fmt.text, "--format", "-f", help="Output format on stdout.")
 DebugOpt = typer.Option(False, "--debug", help="Show tracebacks of internal errors.")
 QuietOpt = typer.Option(False, "--quiet", "-q", help="No progress or log lines on stderr.")
+VerboseOpt = typer.Option(False, "--verbose", "-v", help="Say which config file applied, and how long it took.")
+
+
+class Color(str, Enum):
+    auto = "auto"
+    always = "always"
+    never = "never"
+
+
+ColorOpt = typer.Option(Color.auto, "--color", help="Colour in text output: auto (on a terminal, unless "
+                        "NO_COLOR is set), always, never.")
 
 
 def _split(values: Optional[List[str]]) -> list[str]:
@@ -72,10 +98,17 @@ def _engine(command: str, target: str, c: "Common", options: dict | None = None)
         if not sep:
             raise UsageError(f"--severity {item!r}: expected RULE=error|warning|info")
         sev[key] = val
-    return make_engine(command, target, select=_split(c.select), ignore=_split(c.ignore), severity=sev,
-                       fail_on=c.fail_on.value if c.fail_on else None, config=c.config, isolated=c.isolated,
-                       debug=c.debug, progress=lambda total, label: Progress(total, label, enabled=not c.quiet),
-                       **(options or {}))
+    import time
+    from .report import text
+    text.COLOR = c.color.value if c.color else "auto"
+    eng = make_engine(command, target, select=_split(c.select), ignore=_split(c.ignore), severity=sev,
+                      fail_on=c.fail_on.value if c.fail_on else None, config=c.config, isolated=c.isolated,
+                      debug=c.debug, progress=lambda total, label: Progress(total, label, enabled=not c.quiet),
+                      **(options or {}))
+    eng.verbose, eng.t0 = c.verbose, time.monotonic()
+    if c.verbose:
+        _say(f"ckptdoctor: config: {eng.report.config or 'none (defaults)'}")
+    return eng
 
 
 @dataclass
@@ -90,10 +123,15 @@ class Common:
     format: "Fmt"
     debug: bool
     quiet: bool
+    verbose: bool = False
+    color: "Color" = None
 
 
 def _finish(eng, fmt: Fmt) -> None:
     emit(lambda: _render(eng.report, fmt))
+    if getattr(eng, "verbose", False):
+        import time
+        _say(f"ckptdoctor: {eng.report.command} took {time.monotonic() - eng.t0:.2f} s")
     if eng.internal_errors:
         raise typer.Exit(EXIT_INTERNAL)
     raise typer.Exit(1 if eng.report.failed() else 0)
@@ -126,7 +164,8 @@ def _logging(quiet: bool, debug: bool) -> None:
 @app.command(rich_help_panel="Inspection")
 def verify(
     path: str = typer.Argument(..., help="Checkpoint directory, run root, or fsspec URL (s3://, file://)."),
-    layout: Optional[str] = typer.Option(None, "--layout", help="Force a layout (see `ckptdoctor layouts`)."),
+    layout: Optional[str] = typer.Option(None, "--layout", autocompletion=_complete_layouts,
+                                         help="Force a layout (see `ckptdoctor layouts`)."),
     target: Target = typer.Option(Target.all, "--target", help="all: every checkpoint decides the exit status; "
                                   "resume: the relaunch gate, only the tracker and the checkpoint the framework "
                                   "will resume from (findings elsewhere become info)."),
@@ -143,13 +182,13 @@ def verify(
     select: Optional[List[str]] = SelectOpt, ignore: Optional[List[str]] = IgnoreOpt,
     fail_on: Optional[Level] = FailOnOpt, severity: Optional[List[str]] = SeverityOpt,
     config: Optional[str] = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
-    debug: bool = DebugOpt, quiet: bool = QuietOpt,
+    debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt, color: Color = ColorOpt,
 ):
     """Check a checkpoint or run root: completeness, sizes, markers, trackers, coverage. Read-only."""
     _logging(quiet, debug)
     from .commands import verify as flow
     sl = _parse_slice(slice_, checksums)
-    c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet)
+    c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet, verbose, color)
     eng = _engine("verify", path, c, {"num_experts": num_experts, "mtime_tolerance": mtime_tolerance,
                                       "checksums": checksums or None, "slice": sl, "workers": workers})
     flow.run(path, eng, layout=layout, target=target.value)
@@ -177,17 +216,23 @@ def manifest(path: str = typer.Argument(..., help="One checkpoint directory (loc
              force: bool = typer.Option(False, "--force", help="Write it even if the checkpoint fails "
                                         "structural verify."),
              replace: bool = typer.Option(False, "--replace", help="Rewrite an existing manifest (atomically)."),
-             quiet: bool = QuietOpt):
+             format: Fmt = FormatOpt, quiet: bool = QuietOpt, debug: bool = DebugOpt):
     """Hash a checkpoint and write ckptdoctor.manifest.json into it (atomically); refuses a
     checkpoint that fails structural verify unless --force."""
     from .commands.manifest import write_manifest
+    _logging(quiet, debug)
     target, nfiles, nbytes = write_manifest(path, workers=workers, quiet=quiet, force=force, replace=replace)
-    print(f"wrote {target}: {nfiles} files, {nbytes} bytes")
+    if format is Fmt.text:
+        emit(lambda: print(f"wrote {target}: {nfiles} files, {nbytes} bytes"))
+    else:
+        import json as _json
+        emit(lambda: print(_json.dumps({"manifest": target, "files": nfiles, "bytes": nbytes})))
 
 
 @app.command(rich_help_panel="Inspection")
 def merge(reports: List[str] = typer.Argument(..., help="JSON reports of `verify --checksums --slice K/N`."),
-          fail_on: Optional[Level] = FailOnOpt, format: Fmt = FormatOpt):
+          fail_on: Optional[Level] = FailOnOpt, format: Fmt = FormatOpt, quiet: bool = QuietOpt,
+          debug: bool = DebugOpt):
     """Combine slice reports into one verdict; every slice 0..N-1 must be present."""
     from .commands.merge import merge as do_merge
     rep = do_merge(reports)
@@ -219,13 +264,13 @@ def publish(
     select: Optional[List[str]] = SelectOpt, ignore: Optional[List[str]] = IgnoreOpt,
     fail_on: Optional[Level] = FailOnOpt, severity: Optional[List[str]] = SeverityOpt,
     config: Optional[str] = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
-    debug: bool = DebugOpt, quiet: bool = QuietOpt,
+    debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt, color: Color = ColorOpt,
 ):
     """Copy a checkpoint so it appears whole or not at all: verify, copy+hash, fsync, manifest,
     rename, then the tracker; optional retention."""
     _logging(quiet, debug)
     from .commands import publish as flow
-    c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet)
+    c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet, verbose, color)
     eng = _engine("publish", src, c, {"workers": workers, "keep_last": keep_last, "keep_every": keep_every})
     flow.run(src, dest_root, eng, name=name, force=force, replace=replace, tracker=tracker,
              trust_manifest=trust_manifest,
@@ -255,7 +300,7 @@ def reconcile(
     select: Optional[List[str]] = SelectOpt, ignore: Optional[List[str]] = IgnoreOpt,
     fail_on: Optional[Level] = FailOnOpt, severity: Optional[List[str]] = SeverityOpt,
     config: Optional[str] = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
-    debug: bool = DebugOpt, quiet: bool = QuietOpt,
+    debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt, color: Color = ColorOpt,
 ):
     """Check that an RL run resumes on the same data: sampler cursor vs replay buffer vs dataloader.
     Read-only unless --fix."""
@@ -270,7 +315,7 @@ def reconcile(
         _json.dump(flow.load(path, profile, map_ or [], steps).rs.to_json(), sys.stdout, indent=2, default=str)
         print()
         raise typer.Exit(0)
-    c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet)
+    c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet, verbose, color)
     eng = flow.run_and_fix(path, lambda: _engine("reconcile", path, c), profile=profile, maps=map_ or [],
                            steps=steps, simulate=simulate, fix_it=fix, fix_output=fix_output,
                            say=lambda line: quiet or print(f"ckptdoctor: {line}", file=sys.stderr))
@@ -296,14 +341,14 @@ def preflight(
     select: Optional[List[str]] = SelectOpt, ignore: Optional[List[str]] = IgnoreOpt,
     fail_on: Optional[Level] = FailOnOpt, severity: Optional[List[str]] = SeverityOpt,
     config: Optional[str] = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
-    debug: bool = DebugOpt, quiet: bool = QuietOpt,
+    debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt, color: Color = ColorOpt,
 ):
     """Before a relaunch: can every rank of this allocation read what it will load?  Read-only."""
     _logging(quiet, debug)
     from .commands import preflight as flow
     if node and not local:
         raise UsageError("--node only makes sense with --local")
-    c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet)
+    c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet, verbose, color)
     eng = _engine("preflight", location, c, {"ranks_per_node": ranks_per_node})
     alloc = flow.allocation(nodelist, eng.opt("ranks_per_node"), rank_map)
     flow.run(location, eng, alloc, local=local, node=node)
@@ -312,8 +357,10 @@ def preflight(
 
 @app.command(rich_help_panel="Reference")
 def rules(
-    rule: Optional[str] = typer.Argument(None, help="A rule id or name: print its full documentation."),
+    rule: Optional[str] = typer.Argument(None, autocompletion=_complete_rules,
+                                         help="A rule id or name: print its full documentation."),
     format: Fmt = typer.Option(Fmt.text, "--format", "-f", help="Output format (text or json)."),
+    quiet: bool = QuietOpt, debug: bool = DebugOpt,
 ):
     """List the rule catalog, or document one rule."""
     import json as _json
@@ -345,7 +392,8 @@ def rules(
 
 
 @app.command(rich_help_panel="Reference")
-def layouts(format: Fmt = typer.Option(Fmt.text, "--format", "-f", help="Output format (text or json).")):
+def layouts(format: Fmt = typer.Option(Fmt.text, "--format", "-f", help="Output format (text or json)."),
+           quiet: bool = QuietOpt, debug: bool = DebugOpt):
     """List the checkpoint families and their layouts (rules/layouts/<family>.yaml)."""
     import json as _json
 
@@ -369,16 +417,21 @@ class SchemaName(str, Enum):
 
 @app.command(rich_help_panel="Reference")
 def schema(name: SchemaName = typer.Argument(..., help="report (what --format json prints) or run-state "
-                                              "(ckptdoctor.run_state/v1).")):
+                                              "(ckptdoctor.run_state/v1)."),
+           format: Fmt = typer.Option(Fmt.json, "--format", "-f", help="Output format (json only)."),
+           quiet: bool = QuietOpt, debug: bool = DebugOpt):
     """Print the JSON Schema of a report or of run_state/v1."""
     import json as _json
 
     from .report.schemas import SCHEMAS
+    if format is not Fmt.json:
+        raise UsageError("a JSON Schema is JSON: use --format json")
     emit(lambda: (_json.dump(SCHEMAS[name.value](), sys.stdout, indent=2), print()))
 
 
 @app.command(rich_help_panel="Reference")
-def paths(format: Fmt = typer.Option(Fmt.text, "--format", "-f", help="Output format (text or json).")):
+def paths(format: Fmt = typer.Option(Fmt.text, "--format", "-f", help="Output format (text or json)."),
+           quiet: bool = QuietOpt, debug: bool = DebugOpt):
     """Where the man pages, shell completions and Slurm scripts are installed (for a Prolog or an
     admin copying them into place)."""
     import json as _json
@@ -398,7 +451,7 @@ def paths(format: Fmt = typer.Option(Fmt.text, "--format", "-f", help="Output fo
 @app.command(rich_help_panel="Reference")
 def demo(directory: Optional[str] = typer.Argument(None, help="Where to write the demo run "
                                                    "[default: a new temporary directory]."),
-         format: Fmt = FormatOpt):
+         format: Fmt = FormatOpt, quiet: bool = QuietOpt, debug: bool = DebugOpt):
     """Write a small realistic run with injected faults and run the doctor on it (DIR must be new,
     empty, or an earlier demo)."""
     from .demo import run_demo

@@ -174,3 +174,43 @@ def test_install_hints(url, extra, pkg):
     from pathlib import Path
     extras = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert pkg in extras[extra]
+
+
+# ---- consistent options, completion ----------------------------------------------------------------------
+def test_every_subcommand_takes_format_quiet_and_debug():
+    import typer
+    from ckptdoctor.cli import app
+    cmd = typer.main.get_command(app)
+    for name, sub in cmd.commands.items():
+        opts = {o for p in sub.params for o in getattr(p, "opts", [])}
+        assert {"-f", "--format", "-q", "--quiet", "--debug"} <= opts, (name, sorted(opts))
+        if name in ("verify", "publish", "reconcile", "preflight"):
+            assert {"-v", "--verbose", "--color"} <= opts, name
+
+
+def test_verbose_names_the_config_and_color_is_controllable(run_with_old_breakage, tmp_path):
+    cfg = tmp_path / "ckptdoctor.toml"
+    cfg.write_text("[verify]\nmtime-tolerance = 5\n")
+    rc, out, err = cli("verify", "-v", "--config", str(cfg), str(run_with_old_breakage))
+    assert f"config: {cfg}" in err and "verify took" in err
+    rc, out, _ = cli("verify", "--color", "always", str(run_with_old_breakage))
+    assert "\x1b[" in out
+    rc, out, _ = cli("verify", "--color", "never", str(run_with_old_breakage))
+    assert "\x1b[" not in out
+
+
+@pytest.mark.parametrize("words, cword, want", [
+    ("ckptdoctor rules CKD10", 2, {"CKD101", "CKD104"}),
+    ("ckptdoctor verify --layout megatron", 3, {"megatron", "megatron-torch-dist", "megatron-legacy"}),
+    ("ckptdoctor verify --select tracker-", 3, {"tracker-missing", "tracker-dangling"}),
+])
+def test_completion_of_rule_ids_and_layout_names(words, cword, want):
+    rc, out, _ = cli(env={"_CKPTDOCTOR_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(cword)})
+    assert want <= set(out.split()), out
+
+
+def test_manifest_json_output(tmp_path):
+    d = iter_dir(tmp_path / "iter_0000100")
+    rc, out, err = cli("manifest", "-q", "-f", "json", str(d))
+    doc = json.loads(out)
+    assert rc == 0 and doc["manifest"] == str(d / "ckptdoctor.manifest.json") and doc["files"] == 4

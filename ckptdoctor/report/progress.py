@@ -27,9 +27,15 @@ class Progress:
             self._emit(now)
 
     def _emit(self, now):
-        rate = self.done / max(now - self.t0, 1e-9)
+        from .text import duration
+        elapsed = now - self.t0
+        rate = self.done / max(elapsed, 1e-9)
         pct = 100.0 * self.done / self.total
-        msg = f"{self.label}: {self.done / 2**30:.2f}/{self.total / 2**30:.2f} GiB ({pct:.0f}%) {rate / 2**20:.0f} MiB/s"
+        eta = (self.total - self.done) / rate if rate > 0 and self.done < self.total else 0.0
+        unit, div = ("GiB", 2**30) if self.total >= 2**30 else ("MiB", 2**20)
+        msg = (f"{self.label}: {self.done / div:.2f}/{self.total / div:.2f} {unit} ({pct:.0f}%), "
+               f"{rate / 2**20:.0f} MiB/s, {duration(elapsed)} elapsed"
+               + (f", about {duration(eta)} left" if self.done < self.total else ""))
         if self.tty:
             width = 30
             fill = int(width * self.done / self.total)
@@ -39,6 +45,8 @@ class Progress:
         sys.stderr.flush()
 
     def close(self):
+        """The final state on its own clean line, also when the work was interrupted."""
         if self.enabled and self.tty:
             self._emit(time.monotonic())
             sys.stderr.write("\n")
+            sys.stderr.flush()

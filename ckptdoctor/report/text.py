@@ -8,14 +8,16 @@ from rich.table import Table
 from rich.text import Text
 
 STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+COLOR = "auto"   # --color: auto | always | never (set by the CLI)
 
 
 def console(out) -> Console:
     """On a terminal, rich's own width; anywhere else (Slurm logs, pipes, files) a width no row can
     exceed, so no path or node name is ever cut with an ellipsis."""
     tty = hasattr(out, "isatty") and out.isatty()
+    no_color = COLOR == "never" or (COLOR == "auto" and os.environ.get("NO_COLOR", "") != "")
     return Console(file=out, highlight=False, soft_wrap=True, width=None if tty else 100_000,
-                   no_color="NO_COLOR" in os.environ and os.environ["NO_COLOR"] != "")
+                   no_color=no_color, force_terminal=True if COLOR == "always" else None)
 
 
 def plural(n: int, word: str) -> str:
