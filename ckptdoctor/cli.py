@@ -179,19 +179,50 @@ def verify(
     slice_: Optional[str] = typer.Option(None, "--slice", help="With --checksums: hash only slice K of N "
                                          "(K/N, e.g. $SLURM_PROCID/$SLURM_NTASKS); combine with `ckptdoctor merge`."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Hashing threads [default: 2 x cores, max 8]."),
+    fix: bool = typer.Option(False, "--fix", help="Run roots: when the framework would resume from a broken "
+                             "checkpoint (or none), repoint the tracker to the newest complete one (atomic, with "
+                             "a backup); never deletes or moves a checkpoint's data."),
+    fix_to: Optional[int] = typer.Option(None, "--fix-to", help="With --fix: resume from this step instead "
+                                         "(it must be complete)."),
+    quarantine: bool = typer.Option(False, "--quarantine", help="With --fix, for families without a tracker "
+                                    "(newest directory wins): rename broken newer checkpoints to a name the "
+                                    "framework ignores."),
     select: Optional[List[str]] = SelectOpt, ignore: Optional[List[str]] = IgnoreOpt,
     fail_on: Optional[Level] = FailOnOpt, severity: Optional[List[str]] = SeverityOpt,
     config: Optional[str] = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
     debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt, color: Color = ColorOpt,
 ):
-    """Check a checkpoint or run root: completeness, sizes, markers, trackers, coverage. Read-only."""
+    """Check a checkpoint or run root: completeness, sizes, markers, trackers, coverage. Read-only
+    unless --fix."""
     _logging(quiet, debug)
     from .commands import verify as flow
     sl = _parse_slice(slice_, checksums)
     c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet, verbose, color)
     eng = _engine("verify", path, c, {"num_experts": num_experts, "mtime_tolerance": mtime_tolerance,
                                       "checksums": checksums or None, "slice": sl, "workers": workers})
-    flow.run(path, eng, layout=layout, target=target.value)
+    if (fix_to is not None or quarantine) and not fix:
+        raise UsageError("--fix-to and --quarantine only make sense with --fix")
+    if not fix:
+        flow.run(path, eng, layout=layout, target=target.value)
+        _finish(eng, format)
+    from .commands import fix as doctor
+    rep, runv = flow.judge(path, eng, layout=layout, target=target.value)
+    if runv is None or rep.facts.get("kind") != "run":
+        raise UsageError("--fix repairs a run root (the tracker or the newest directory), not a single checkpoint")
+    p = doctor.plan(runv, fix_to, quarantine)
+    if p.to is None:
+        if not quiet:
+            _say(f"ckptdoctor: verify --fix: nothing to do: {p.reason}")
+        _finish(eng, format)
+    if not quiet:
+        _say(f"ckptdoctor: verify --fix: {p.reason}")
+        for line in p.lines():
+            _say(f"ckptdoctor:   {line}")
+    doctor.apply(runv, p)
+    eng = _engine("verify", path, c, {"num_experts": num_experts, "mtime_tolerance": mtime_tolerance,
+                                      "checksums": checksums or None, "slice": sl, "workers": workers})
+    flow.run(path, eng, layout=layout, target=target.value)  # judge the repaired run
+    eng.report.facts["fixed"] = p.to_json()
     _finish(eng, format)
 
 
@@ -276,6 +307,26 @@ def publish(
              trust_manifest=trust_manifest,
              keep_last=eng.opt("keep_last"), keep_every=eng.opt("keep_every"), workers=eng.opt("workers"))
     _finish(eng, format)  # refused = the source's error findings, so the exit status is 1
+
+
+@app.command(rich_help_panel="Publishing")
+def prune(
+    path: str = typer.Argument(..., help="Run root (a directory of checkpoints): a path or an fsspec URL."),
+    keep_last: Optional[int] = typer.Option(None, "--keep-last", help="Keep the newest K checkpoints."),
+    keep_every: Optional[int] = typer.Option(None, "--keep-every", help="Also keep every checkpoint whose step "
+                                             "is a multiple of M."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; remove nothing."),
+    format: Fmt = FormatOpt, debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt,
+    color: Color = ColorOpt,
+):
+    """Remove old checkpoints by a retention policy; never the tracker's target, the resume target,
+    the newest complete checkpoint, or one being written."""
+    _logging(quiet, debug)
+    from .commands import prune as flow
+    c = Common(None, None, None, None, None, True, format, debug, quiet, verbose, color)
+    eng = _engine("prune", path, c, {"keep_last": keep_last, "keep_every": keep_every})
+    flow.run(path, eng, keep_last=eng.opt("keep_last"), keep_every=eng.opt("keep_every"), dry_run=dry_run)
+    _finish(eng, format)
 
 
 @app.command(rich_help_panel="Inspection")

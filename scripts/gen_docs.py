@@ -97,6 +97,8 @@ EXAMPLES = {
     "rules": ["ckptdoctor rules", "ckptdoctor rules CKD104", "ckptdoctor rules --format json"],
     "layouts": ["ckptdoctor layouts", "ckptdoctor layouts --format json"],
     "paths": ["ckptdoctor paths", "ckptdoctor paths --format json"],
+    "prune": ["ckptdoctor prune --keep-last 3 --dry-run /lustre/run7",
+              "ckptdoctor prune --keep-last 3 --keep-every 1000 /lustre/run7"],
     "schema": ["ckptdoctor schema report > ckptdoctor-report.schema.json", "ckptdoctor schema run-state"],
     "demo": ["ckptdoctor demo", "ckptdoctor demo /tmp/ckptdoctor-demo"],
 }

@@ -43,6 +43,11 @@ def run(location: str, engine: Engine, layout: str | None = None, target: str = 
     """`target`: "all" judges every checkpoint; "resume" (the relaunch gate) lets only the tracker and
     the checkpoint the framework will resume from decide the exit status: findings in other
     checkpoints are kept, as info."""
+    return judge(location, engine, layout, target)[0]
+
+
+def judge(location: str, engine: Engine, layout: str | None = None, target: str = "all"):
+    """verify, returning (Report, the RunView or CheckpointView judged, or None)."""
     st = open_location(location)
     rep = engine.report
     found = locate(st, layout)
@@ -52,7 +57,7 @@ def run(location: str, engine: Engine, layout: str | None = None, target: str = 
                                   details={"forced_layout": layout} if layout else {},
                                   hint="point at a checkpoint directory or run root, or pass --layout "
                                        "(see `ckptdoctor layouts`)"))
-        return rep
+        return rep, None
     kind, view = found.kind, found.view
     if engine.opt("slice"):
         k, n = engine.opt("slice")
@@ -63,7 +68,7 @@ def run(location: str, engine: Engine, layout: str | None = None, target: str = 
         status = check_checkpoint(engine, view)
         rep.facts["checkpoints"] = [_row(status)]
         _slice_stats(rep, [view])
-        return rep
+        return rep, view
     runv: RunView = view
     for ck in runv.checkpoints:
         runv.status[ck.name] = check_checkpoint(engine, ck)
@@ -80,7 +85,7 @@ def run(location: str, engine: Engine, layout: str | None = None, target: str = 
         if f.severity == "error" and newest and f.path.startswith(st.show("")) and newest.display not in f.path:
             if f.rule in ("CKD101", "CKD102") and not (f.hint or "").endswith("."):
                 f.hint = (f.hint + "; " if f.hint else "") + f"newest complete checkpoint: {newest.name}."
-    return rep
+    return rep, runv
 
 
 def _gate_on_resume_target(runv: RunView) -> None:

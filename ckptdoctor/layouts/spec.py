@@ -92,6 +92,7 @@ class Layout:
     steps: StepNaming | None = None
     tracker: TrackerSpec | None = None
     staging: tuple[str, ...] = ()     # run layouts: staging names of a step ({step} placeholder)
+    quarantine: str | None = None     # run layouts: a name the framework ignores ({step} {name} {stamp})
     resume: str | None = None         # tracker | newest-dir | newest-with-marker
     resume_markers: tuple[str, ...] = ()
     checkpoint_layouts: tuple[str, ...] = ()
@@ -130,7 +131,7 @@ class Family:
 # ---- loading, with every key known and typed -------------------------------------------------
 _FAMILY_KEYS = {"family", "title", "description", "run", "checkpoints", "local"}
 _LAYOUT_KEYS = {"name", "title", "priority", "description", "detect", "markers", "temp", "reader",
-                "required", "optional_archives", "steps", "tracker", "staging", "resume",
+                "required", "optional_archives", "steps", "tracker", "staging", "quarantine", "resume",
                 "resume_markers", "checkpoint_layouts", "reads", "extra"}
 _DETECT_KEYS = {"files", "dirs", "claims", "names", "child_files"}
 _STEPS_KEYS = {"pattern", "format"}
@@ -185,7 +186,7 @@ def _layout(d: dict, family: str, scope: str, where: str) -> Layout:
         claims=_t(det.get("claims")), names=_t(det.get("names")), child_files=_t(det.get("child_files")),
         markers=tuple(_t(g) for g in (d.get("markers") or ())), temp=_t(d.get("temp")), reader=d.get("reader"),
         required=_t(d.get("required")), optional_archives=_t(d.get("optional_archives")), steps=steps,
-        tracker=tracker, staging=_t(d.get("staging")), resume=resume, resume_markers=_t(d.get("resume_markers")),
+        tracker=tracker, staging=_t(d.get("staging")), quarantine=d.get("quarantine"), resume=resume, resume_markers=_t(d.get("resume_markers")),
         checkpoint_layouts=_t(d.get("checkpoint_layouts")), reads=reads, extra=d.get("extra") or {},
         description=(d.get("description") or "").strip())
 

@@ -96,6 +96,15 @@ def render(report, out) -> None:
         _publish(con, facts)
     if cmd == "preflight" and "nodes" in facts:
         _preflight(con, facts)
+    if cmd == "prune" and "pruned" in facts:
+        pr = facts["pruned"]
+        verb = "would remove" if pr["dry_run"] else "removed"
+        for n in pr["removed"]:
+            con.print(Text(f"{verb} {n}", style="yellow" if pr["dry_run"] else None))
+        for n, why in pr["kept"].items():
+            con.print(Text(f"kept {n}: {why}", style="dim"))
+        if not pr["removed"]:
+            con.print(Text("nothing to remove"))
     for line in facts.get("notes") or []:
         con.print(Text(line))
     s = report.summary

@@ -1,0 +1,49 @@
+"""`ckptdoctor prune RUN_ROOT --keep-last K [--keep-every M] [--dry-run]`: the retention publish
+uses, on its own.  Never removed: the tracker's target, the checkpoint the framework resumes from,
+the newest complete checkpoint, and anything still being written (a staging sibling exists).
+Removal renames to a trash name first, then deletes; `--dry-run` only prints the plan."""
+from __future__ import annotations
+
+from ..engine.errors import UsageError
+from ..engine.runner import Engine
+from ..publishing import retention
+from . import verify as vflow
+
+
+def run(location: str, engine: Engine, *, keep_last: int | None, keep_every: int | None, dry_run: bool) -> dict:
+    if keep_last is None and not keep_every:
+        raise UsageError("prune needs a policy: --keep-last K and/or --keep-every M")
+    if keep_last is not None and keep_last < 1:
+        raise UsageError("--keep-last must be at least 1")
+    if keep_every is not None and keep_every < 1:
+        raise UsageError("--keep-every must be at least 1")
+    rep, runv = vflow.judge(location, engine)
+    if runv is None or rep.facts.get("kind") != "run":
+        raise UsageError(f"{location}: prune works on a run root (a directory of checkpoints)")
+    import contextlib
+    dest = _dest(runv)
+    with (contextlib.nullcontext() if dry_run else dest.lock()):  # a dry run writes nothing, not even the lock
+        entries = dest.entries()
+        protect: dict[str, str] = {}
+        named = runv.tracker.target
+        if named:
+            protect[named] = "the tracker names it"
+        if runv.resume_target:
+            protect.setdefault(runv.resume_target, "the framework resumes from it")
+        newest = runv.newest_complete()
+        if newest:
+            protect.setdefault(newest.name, "the newest complete checkpoint")
+        p = retention.plan(entries, runv.layout, keep_last=keep_last, keep_every=keep_every, protect=protect)
+        if not dry_run:
+            dest.prune(p.removed)
+    out = {"dry_run": dry_run, "removed": p.removed, "kept": p.kept}
+    rep.facts["pruned"] = out
+    return out
+
+
+def _dest(runv):
+    from ..publishing.dest import LocalDest, ObjectDest
+    st = runv.storage
+    if st.local:
+        return LocalDest(st.abspath(""))
+    return ObjectDest(st.fs, st.root, st.display)

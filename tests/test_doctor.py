@@ -1,0 +1,172 @@
+"""Doctor actions (issue 19): `verify --fix` repoints a tracker that names a broken checkpoint (or
+quarantines a broken newest directory), `prune` applies retention on its own.  Nothing is ever
+deleted by --fix; prune never removes the tracker's target, the resume target, the newest complete
+checkpoint, or one being written."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ckptdoctor import api
+from ckptdoctor.layouts import dcp_writer as W
+from helpers import as_unprivileged, cli
+
+TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def iter_dir(d, step):
+    W.write(str(d), [W.Item("w", (4, 4), (2 * r, 0), (2, 4), [float(step + r)] * 8, rank=r) for r in range(2)])
+    (d / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist"}))
+    return d
+
+
+def snapshot(root):
+    out = {}
+    for dp, dn, fn in os.walk(root):
+        for n in fn:
+            p = os.path.join(dp, n)
+            out[os.path.relpath(p, root)] = open(p, "rb").read()
+    return out
+
+
+@pytest.fixture
+def megatron_run(tmp_path):
+    root = tmp_path / "run"
+    for s in (100, 200, 300):
+        iter_dir(root / f"iter_{s:07d}", s)
+    os.truncate(root / "iter_0000300" / "__1_0.distcp", 50)  # the newest is broken ...
+    (root / TRACKER).write_text("300")                      # ... and the tracker names it
+    return root
+
+
+def test_fix_repoints_the_megatron_tracker_with_a_backup(megatron_run):
+    before = {k: v for k, v in snapshot(megatron_run).items() if k != TRACKER}
+    rc, out, err = cli("verify", "--fix", "--target", "resume", "-f", "json", str(megatron_run))
+    doc = json.loads(out)
+    assert rc == 0 and doc["facts"]["resume_from"] == "iter_0000200", (err, doc["findings"])
+    assert (megatron_run / TRACKER).read_text() == "200"  # what Megatron's own writer puts there
+    backups = [e for e in os.listdir(megatron_run) if e.startswith(TRACKER + ".ckptdoctor-bak-")]
+    assert len(backups) == 1 and (megatron_run / backups[0]).read_text() == "300"
+    after = snapshot(megatron_run)
+    assert all(after[k] == v for k, v in before.items())  # no checkpoint byte changed, nothing deleted
+    assert doc["facts"]["fixed"]["tracker"]["new"] == "200" and "repoint" in err
+
+
+def test_fix_to_a_chosen_complete_step_and_refusals(megatron_run):
+    rc, out, err = cli("verify", "--fix", "--fix-to", "100", str(megatron_run))
+    assert (megatron_run / TRACKER).read_text() == "100", err
+    rc, out, err = cli("verify", "--fix", "--fix-to", "300", str(megatron_run))
+    assert rc == 2 and "no complete checkpoint at step 300" in err
+    assert (megatron_run / TRACKER).read_text() == "100"
+
+
+def test_fix_refused_on_a_read_only_run_root(megatron_run, tmp_path):
+    os.chmod(tmp_path, 0o755)
+    os.chmod(megatron_run, 0o555)
+    try:
+        p = subprocess.run(as_unprivileged() + [sys.executable, "-m", "ckptdoctor", "verify", "--fix", str(megatron_run)],
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        os.chmod(megatron_run, 0o755)
+    assert p.returncode == 2 and "not writable" in p.stderr and (megatron_run / TRACKER).read_text() == "300"
+
+
+def test_fix_refused_on_an_object_store(megatron_run):
+    import fsspec
+    fs = fsspec.filesystem("memory")
+    fs.put(str(megatron_run), "/fixrun", recursive=True)
+    rc, out, err = cli("verify", "--fix", "memory://fixrun")
+    # a separate process has its own memory filesystem: use the API in this one
+    from ckptdoctor.commands import fix, verify as vflow
+    eng = api.make_engine("verify", "memory://fixrun")
+    rep, runv = vflow.judge("memory://fixrun", eng)
+    p = fix.plan(runv, None, False)
+    from ckptdoctor.engine.errors import UsageError
+    with pytest.raises(UsageError, match="not a local directory"):
+        fix.apply(runv, p)
+    assert fs.cat_file("/fixrun/" + TRACKER) == b"300"
+
+
+def test_fix_deepspeed_latest(tmp_path):
+    root = tmp_path / "ds"
+    for s in (3, 6):
+        d = root / f"global_step{s}"
+        d.mkdir(parents=True)
+        (d / "mp_rank_00_model_states.pt").write_bytes(b"x" * 64)
+        for r in range(2):
+            (d / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt").write_bytes(b"x" * 64)
+    os.remove(root / "global_step6" / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    (root / "latest").write_text("global_step6")
+    rc, out, err = cli("verify", "--fix", "--target", "resume", str(root))
+    assert rc == 0 and (root / "latest").read_text() == "global_step3", err
+
+
+def test_quarantine_for_a_newest_directory_family(tmp_path):
+    root = tmp_path / "out"
+    for s in (500, 1000):
+        d = root / f"checkpoint-{s}"
+        d.mkdir(parents=True)
+        (d / "trainer_state.json").write_text(json.dumps({"global_step": s}))
+    broken = root / "checkpoint-1500"
+    broken.mkdir()
+    (broken / "optimizer.pt").write_bytes(b"x")  # died before trainer_state.json
+    assert api.verify(str(root)).facts["resume_from"] == "checkpoint-1500"
+    rc, out, err = cli("verify", "--fix", str(root))
+    assert rc == 2 and "--quarantine" in err and broken.exists()
+    rc, out, err = cli("verify", "--fix", "--quarantine", "-f", "json", str(root))
+    doc = json.loads(out)
+    assert rc == 0 and doc["facts"]["resume_from"] == "checkpoint-1000", err
+    moved = [e for e in os.listdir(root) if e.startswith("ckptdoctor-quarantined-1500-")]
+    assert len(moved) == 1 and (root / moved[0] / "optimizer.pt").read_bytes() == b"x"  # moved, not deleted
+    import re
+    assert not re.match(r"^checkpoint-(\d+)$", moved[0])  # transformers' get_last_checkpoint pattern
+
+
+def test_fix_with_nothing_to_do_changes_nothing(megatron_run):
+    (megatron_run / TRACKER).write_text("200")
+    before = snapshot(megatron_run)
+    rc, out, err = cli("verify", "--fix", str(megatron_run))
+    assert "nothing to do" in err and snapshot(megatron_run) == before
+
+
+# ---- prune ----------------------------------------------------------------------------------------------
+@pytest.fixture
+def four(tmp_path):
+    root = tmp_path / "run"
+    for s in (100, 200, 300, 400):
+        iter_dir(root / f"iter_{s:07d}", s)
+    (root / TRACKER).write_text("200")
+    return root
+
+
+def test_prune_dry_run_removes_nothing(four):
+    before = snapshot(four)
+    rc, out, err = cli("prune", "--keep-last", "1", "--dry-run", "-f", "json", str(four))
+    pr = json.loads(out)["facts"]["pruned"]
+    assert rc == 0 and sorted(pr["removed"]) == ["iter_0000100", "iter_0000300"] and pr["dry_run"]
+    assert pr["kept"]["iter_0000200"] == "the tracker names it" and snapshot(four) == before
+
+
+def test_prune_protects_the_tracker_target_and_newest_complete(four):
+    os.truncate(four / "iter_0000400" / "__0_0.distcp", 10)  # the newest is broken: 300 is newest complete
+    rc, out, err = cli("prune", "--keep-last", "1", "-f", "json", str(four))
+    pr = json.loads(out)["facts"]["pruned"]
+    assert rc in (0, 1) and pr["removed"] == ["iter_0000100"], pr
+    assert sorted(e for e in os.listdir(four) if e.startswith("iter_")) == ["iter_0000200", "iter_0000300",
+                                                                             "iter_0000400"]
+    assert pr["kept"]["iter_0000300"] == "the newest complete checkpoint"
+    assert not [e for e in os.listdir(four) if "trash" in e]
+
+
+def test_prune_keeps_one_being_written(four):
+    (four / "iter_0000100.tmp").mkdir()  # a sibling that says iter_0000100 is still being written
+    rc, out, err = cli("prune", "--keep-last", "1", "-f", "json", str(four))
+    pr = json.loads(out)["facts"]["pruned"]
+    assert "iter_0000100" not in pr["removed"] and "being written" in pr["kept"]["iter_0000100"]
+
+
+def test_prune_needs_a_policy(four):
+    rc, out, err = cli("prune", str(four))
+    assert rc == 2 and "needs a policy" in err
