@@ -292,3 +292,17 @@ def test_readme_family_example_is_one_yaml_file(tmp_path, monkeypatch):
     finally:
         spec.families.cache_clear()
         spec.layouts.cache_clear()
+
+
+def test_facts_are_typed_per_command(tmp_path):
+    from ckptdoctor.engine.facts import PreflightFacts, VerifyFacts
+    root = tmp_path / "run"
+    megatron(root)
+    rep = api.verify(str(root))
+    assert isinstance(rep.facts, VerifyFacts) and rep.facts.resume_from == rep.facts["resume_from"] == "iter_0000200"
+    with pytest.raises(KeyError):
+        rep.facts["resume_form"] = "iter_0000100"  # a typo cannot invent a fact
+    doc = rep.to_json()["facts"]
+    assert set(doc) == {"kind", "layout", "checkpoints", "newest_complete", "resume_from", "target"}  # no unset keys
+    pf = PreflightFacts()
+    assert "nodes" not in pf and pf.get("nodes", 7) == 7 and pf.to_json() == {}

@@ -506,3 +506,41 @@ def test_reconcile_fix_never_loses_a_concurrent_write(tmp_path, monkeypatch):
     with pytest.raises(UsageError, match="changed while being repaired"):
         flow.fix(view)
     assert json.loads(p.read_text())["note"] == "written concurrently"
+
+
+def test_enospc_on_the_directory_fsync_after_the_rename_says_it_landed(tmp_path, monkeypatch):
+    import errno
+    from ckptdoctor.engine.errors import InputError
+    from ckptdoctor.publishing import flow
+    src = iter_dir(tmp_path / "src" / "iter_0000100")
+    dest = tmp_path / "dest"
+
+    def full(path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(flow, "fsync_dir", full)  # the fsync of DEST_ROOT right after the rename
+    with pytest.raises(InputError) as ei:
+        api.publish(str(src), str(dest))
+    msg = str(ei.value)
+    assert "renamed into place" in msg and "tracker was not moved" in msg and "temporary copy removed" not in msg
+    assert (dest / "iter_0000100" / ".metadata").exists() and not (dest / TRACKER).exists()
+
+
+def test_symlink_to_root_inside_a_checkpoint_under_checksums(tmp_path):
+    d = iter_dir(tmp_path / "iter_0000100")
+    from ckptdoctor.commands.manifest import write_manifest
+    write_manifest(str(d), quiet=True)
+    os.symlink("/", d / "root")
+    rc, out, err = run_cli("verify", "--checksums", "-f", "json", str(d), timeout=60)
+    doc = json.loads(out)
+    hits = [f for f in doc["findings"] if f["rule"] == "CKD125"]
+    assert rc == 0 and hits and "outside the checkpoint" in hits[0]["message"], (err, doc["findings"])
+
+
+def test_progress_says_elapsed_and_eta_in_one_unit(capsys):
+    from ckptdoctor.report.progress import Progress
+    p = Progress(3 << 30, "hashing x", every=0)
+    p.tty = False
+    p.t0 -= 10
+    p(1 << 30)
+    line = capsys.readouterr().err.strip()
+    assert line == "ckptdoctor: hashing x: 1.00/3.00 GiB (33%), 102 MiB/s, 10 s elapsed, about 20 s left", line

@@ -58,7 +58,8 @@ def merge(paths: list[str]) -> Report:
     missing = sorted(set(range(n)) - set(seen))
     if missing:
         raise UsageError(f"slices {missing} of {n} are missing: coverage incomplete, no verdict")
-    rep = Report(command="verify", target=targets.pop())
+    from ..engine.facts import MergeFacts
+    rep = Report(command="verify", target=targets.pop(), facts=MergeFacts())  # a merged verify verdict
     keys = set()
     cat = catalog()
     for _, d, _ in docs:
@@ -73,6 +74,7 @@ def merge(paths: list[str]) -> Report:
                                         hint=f.get("hint") if isinstance(f.get("hint"), str) else None))
     def num(v):
         return v if isinstance(v, int) and not isinstance(v, bool) else 0
-    rep.facts = {"merged_slices": n, "bytes_hashed": sum(num(sl.get("bytes")) for _, _, sl in docs),
-                 "units_hashed": sum(num(sl.get("units")) for _, _, sl in docs)}
+    rep.facts.merged_slices = n
+    rep.facts.bytes_hashed = sum(num(sl.get("bytes")) for _, _, sl in docs)
+    rep.facts.units_hashed = sum(num(sl.get("units")) for _, _, sl in docs)
     return rep

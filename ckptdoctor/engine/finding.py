@@ -46,10 +46,14 @@ class Report:
     command: str
     target: str
     findings: list[Finding] = field(default_factory=list)
-    # Free-form facts for renderers (e.g. the run-root table, resume target); part of JSON output.
-    facts: dict[str, Any] = field(default_factory=dict)
+    facts: Any = None          # the command's typed facts (engine/facts.py); part of JSON output
     fail_on: str = "error"
     config: str | None = None  # the config file that applied, if any
+
+    def __post_init__(self):
+        if self.facts is None:
+            from .facts import for_command
+            self.facts = for_command(self.command)
 
     @property
     def summary(self) -> dict[str, int]:
@@ -69,4 +73,4 @@ class Report:
         return {"version": 1, "command": self.command, "target": self.target, "root": _absolute(self.target),
                 "config": self.config,
                 "findings": [f.to_json() for f in self.findings], "summary": self.summary,
-                "facts": self.facts}
+                "facts": self.facts.to_json()}
