@@ -40,14 +40,14 @@ M = Mutant
 MUTANTS = [
     # ---- verify: sizes, markers, tolerances, detection -------------------------------------------
     M("CKD104-size-boundary", "ckptdoctor/checks/verify_dcp.py", "e.size < end:", "e.size < end - 1:",
-      ("tests/test_verify_dcp.py",), "a shard one byte short passes"),
+      ("tests/test_bite.py", "tests/test_verify_dcp.py"), "a shard one byte short passes"),
     M("CKD103-missing-shard", "ckptdoctor/checks/verify_dcp.py", "        if rel not in files:",
       "        if False:", ("tests/test_verify_dcp.py",), "a missing shard passes"),
     M("CKD107-tolerance", "ckptdoctor/checks/verify_dcp.py", "DEFAULT_MTIME_TOLERANCE = 2.0",
       "DEFAULT_MTIME_TOLERANCE = 30.0", ("tests/test_verify_dcp.py", "tests/test_bite.py"),
       "a shard 10 s newer than its marker passes"),
-    M("CKD101-marker", "ckptdoctor/checks/verify_markers.py", "        if not ck.matching(group):",
-      "        if not ck.matching(group) and False:", ("tests/test_megatron.py", "tests/test_family_model.py"),
+    M("CKD101-marker", "ckptdoctor/checks/verify_markers.py", "        if not [e for e in ck.matching(group) if e.is_file]:",
+      "        if False:", ("tests/test_megatron.py", "tests/test_family_model.py"),
       "a checkpoint without its commit marker passes"),
     M("CKD120-exact-end", "ckptdoctor/layouts/safetensors.py", "    if 8 + n + pos != file_size:",
       "    if 8 + n + pos > file_size + 1:", ("tests/test_families.py",),
@@ -170,6 +170,16 @@ def copy_tree(dst: str) -> None:
             shutil.copy2(src, os.path.join(dst, rel))
 
 
+def _pytest(work: str, tests: tuple[str, ...], timeout: int) -> int:
+    env = dict(os.environ, PYTHONPATH=work, PYTHONDONTWRITEBYTECODE="1", PYTHONWARNINGS="ignore")
+    env.pop("CKPTDOCTOR_CONFIG", None)
+    try:
+        return subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+                              cwd=work, env=env, capture_output=True, text=True, timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        return -1
+
+
 def run_one(m: Mutant, work: str, timeout: int) -> tuple[Mutant, str, float]:
     path = os.path.join(work, m.file)
     original = open(path).read()
@@ -177,14 +187,8 @@ def run_one(m: Mutant, work: str, timeout: int) -> tuple[Mutant, str, float]:
         return m, f"ERROR: text to mutate found {original.count(m.old)} times in {m.file}", 0.0
     open(path, "w").write(original.replace(m.old, m.new))
     t0 = time.monotonic()
-    env = dict(os.environ, PYTHONPATH=work, PYTHONDONTWRITEBYTECODE="1", PYTHONWARNINGS="ignore")
-    env.pop("CKPTDOCTOR_CONFIG", None)
     try:
-        p = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *m.tests],
-                           cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
-        rc = p.returncode
-    except subprocess.TimeoutExpired:
-        rc = -1
+        rc = _pytest(work, m.tests, timeout)
     finally:
         open(path, "w").write(original)
     dt = time.monotonic() - t0
@@ -220,6 +224,23 @@ def main() -> int:
                 return run_one(m, w, a.timeout)
             finally:
                 free.append(w)
+
+        # the guarding tests must pass on the unmutated code, or a "kill" would prove nothing
+        sets = sorted({m.tests for m in chosen})
+
+        def base(tests):
+            w = free.pop()
+            try:
+                return tests, _pytest(w, tests, a.timeout)
+            finally:
+                free.append(w)
+        with ThreadPoolExecutor(max_workers=len(works)) as ex:
+            broken = [t for t, rc in ex.map(base, sets) if rc != 0]
+        if broken:
+            for t in broken:
+                print(f"ERROR: the tests {' '.join(t)} fail on the unmutated code")
+            print(f"mutants: 0 killed of {len(chosen)}")
+            return 1
 
         with ThreadPoolExecutor(max_workers=len(works)) as ex:
             for m, verdict, dt in ex.map(job, chosen):

@@ -1,4 +1,5 @@
 """Expert-parallel collisions: reproduced with 4 real gloo ranks, caught on disk and at save time."""
+import socket
 import json
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from helpers import assert_fires, assert_no_errors
 def ep_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("ep")
     p = subprocess.run([sys.executable, str(Path(__file__).parent / "fixtures" / "ep_collision.py"), str(out),
-                        "29531"], capture_output=True, text=True, timeout=300)
+                        str(_free_port())], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
     return out, sorted(ranks, key=lambda r: r["rank"])
@@ -52,3 +53,9 @@ def test_per_expert_keys_missing_indices(tmp_path):
     assert "2 of 4 experts" in hit.message and hit.details["saved"] == [0, 1]
     assert "CKD109" not in api.verify(str(d), num_experts=2).rules()
     assert "CKD109" not in api.verify(str(d)).rules()  # nothing to compare against: no claim
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
