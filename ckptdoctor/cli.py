@@ -198,31 +198,19 @@ def verify(
     from .commands import verify as flow
     sl = _parse_slice(slice_, checksums)
     c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet, verbose, color)
-    eng = _engine("verify", path, c, {"num_experts": num_experts, "mtime_tolerance": mtime_tolerance,
-                                      "checksums": checksums or None, "slice": sl, "workers": workers})
+
+    def make_engine():
+        return _engine("verify", path, c, {"num_experts": num_experts, "mtime_tolerance": mtime_tolerance,
+                                           "checksums": checksums or None, "slice": sl, "workers": workers})
     if (fix_to is not None or quarantine) and not fix:
         raise UsageError("--fix-to and --quarantine only make sense with --fix")
     if not fix:
+        eng = make_engine()
         flow.run(path, eng, layout=layout, target=target.value)
-        _finish(eng, format)
-    from .commands import fix as doctor
-    rep, runv = flow.judge(path, eng, layout=layout, target=target.value)
-    if runv is None or rep.facts.get("kind") != "run":
-        raise UsageError("--fix repairs a run root (the tracker or the newest directory), not a single checkpoint")
-    p = doctor.plan(runv, fix_to, quarantine)
-    if p.to is None:
-        if not quiet:
-            _say(f"ckptdoctor: verify --fix: nothing to do: {p.reason}")
-        _finish(eng, format)
-    if not quiet:
-        _say(f"ckptdoctor: verify --fix: {p.reason}")
-        for line in p.lines():
-            _say(f"ckptdoctor:   {line}")
-    doctor.apply(runv, p)
-    eng = _engine("verify", path, c, {"num_experts": num_experts, "mtime_tolerance": mtime_tolerance,
-                                      "checksums": checksums or None, "slice": sl, "workers": workers})
-    flow.run(path, eng, layout=layout, target=target.value)  # judge the repaired run
-    eng.report.facts["fixed"] = p.to_json()
+    else:
+        from .commands import fix as doctor
+        eng = doctor.run_and_fix(path, make_engine, layout=layout, target=target.value, fix_to=fix_to,
+                                 quarantine=quarantine, say=lambda line: quiet or _say(f"ckptdoctor: {line}"))
     _finish(eng, format)
 
 

@@ -41,6 +41,29 @@ class FixPlan:
         return out
 
 
+def run_and_fix(location: str, make_engine, *, layout: str | None, target: str, fix_to: int | None,
+                quarantine: bool, say):
+    """The whole `verify --fix`: judge, plan, say the plan, apply it, judge the repaired run.
+    Returns the engine whose report is the verdict."""
+    from . import verify as vflow
+    eng = make_engine()
+    rep, runv = vflow.judge(location, eng, layout, target)
+    if runv is None or rep.facts.get("kind") != "run":
+        raise UsageError("--fix repairs a run root (the tracker or the newest directory), not a single checkpoint")
+    p = plan(runv, fix_to, quarantine)
+    if p.to is None:
+        say(f"verify --fix: nothing to do: {p.reason}")
+        return eng
+    say(f"verify --fix: {p.reason}")
+    for line in p.lines():
+        say(f"  {line}")
+    apply(runv, p)
+    eng = make_engine()
+    vflow.run(location, eng, layout=layout, target=target)  # judge the repaired run
+    eng.report.facts["fixed"] = p.to_json()
+    return eng
+
+
 def plan(runv: RunView, fix_to: int | None, quarantine: bool) -> FixPlan:
     lay = runv.layout
     complete = {c.name: c for c in runv.complete() if c.step is not None}
