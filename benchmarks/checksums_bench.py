@@ -67,16 +67,13 @@ def main():
         for _ in range(4096):
             fh.write(block)
     open(big / ".metadata", "wb").write(open(d / ".metadata", "rb").read())
-    p = subprocess.run(["/usr/bin/env", PY, "-c",
-                        "import sys,resource; from ckptdoctor.commands.manifest import write_manifest; "
-                        "write_manifest(sys.argv[1], quiet=True); "
-                        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)", str(big)],
-                       capture_output=True, text=True, check=True)
-    base_rss = subprocess.run([PY, "-c", "import resource, ckptdoctor.commands.manifest; "
-                               "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-    print(f"\npeak RSS hashing a 4 GiB file: {int(p.stdout.strip()) / 1024:.0f} MiB "
-          f"(interpreter + imports alone: {int(base_rss) / 1024:.0f} MiB)")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from common import measure
+    m = measure([PY, "-c", "import sys; from ckptdoctor.commands.manifest import write_manifest; "
+                 "write_manifest(sys.argv[1], quiet=True, force=True)", str(big)], runs=1)
+    base_m = measure([PY, "-c", "import ckptdoctor.commands.manifest"], runs=3)
+    print(f"\npeak RSS hashing a 4 GiB file: {m.peak_rss_mib:.0f} MiB "
+          f"(interpreter + imports alone: {base_m.peak_rss_mib:.0f} MiB)")
     shutil.rmtree(base)
 
 

@@ -1,9 +1,9 @@
 """What every benchmark times with: the exit status is checked (a refused or failed run is not a
-fast run), the peak RSS comes from the kernel's accounting of the child (wait4), and the figure
-reported is the median of the runs."""
+fast run), the peak RSS is GNU time's %M for the command itself (wait4's figure of a forked child
+would include the benchmark script's own pages from before the exec: 296 MiB for `python -c pass`),
+and the figure reported is the median of the runs."""
 from __future__ import annotations
 
-import os
 import statistics
 import subprocess
 import time
@@ -18,20 +18,20 @@ class Measure:
 
 
 def measure(cmd, runs: int = 5, *, ok=(0,), env=None, setup=None, shell: bool = False) -> Measure:
+    import tempfile
     ts, rss = [], []
-    for _ in range(runs):
-        if setup:
-            setup()
-        t = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, shell=shell)
-        _, status, usage = os.wait4(p.pid, 0)
-        dt = time.perf_counter() - t
-        rc = os.waitstatus_to_exitcode(status)
-        err = p.stderr.read().decode(errors="replace")
-        p.stderr.close()
-        p.returncode = rc
-        if rc not in ok:
-            raise SystemExit(f"benchmark command failed (exit {rc}, expected {ok}): {cmd}\n{err[-2000:]}")
-        ts.append(dt)
-        rss.append(usage.ru_maxrss / 1024)  # KiB on Linux
+    argv = ["sh", "-c", cmd] if shell else list(cmd)
+    with tempfile.NamedTemporaryFile(prefix="ckd-bench-rss-") as out:
+        for _ in range(runs):
+            if setup:
+                setup()
+            t = time.perf_counter()
+            p = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", out.name, *argv], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, env=env)
+            dt = time.perf_counter() - t
+            if p.returncode not in ok:
+                raise SystemExit(f"benchmark command failed (exit {p.returncode}, expected {ok}): {cmd}\n"
+                                 f"{p.stderr.decode(errors='replace')[-2000:]}")
+            ts.append(dt)
+            rss.append(int(open(out.name).read().split()[-1]) / 1024)  # KiB
     return Measure(statistics.median(ts), max(rss), runs)
