@@ -111,6 +111,7 @@ def run_demo(directory: str | None, fmt: str = "text") -> int:
     caught = _reconcile_scene(root, fmt, out) and caught
     caught = _publish_scene(root, run, fmt, out) and caught
     caught = _preflight_scene(root, fmt, out) and caught
+    caught = _doctor_scene(run, fmt, out) and caught
     return 0 if caught else 1  # the demo succeeds when the doctor catches every injected fault
 
 
@@ -229,3 +230,35 @@ def _preflight_scene(root: str, fmt: str, out) -> bool:
     flow.run(loc, eng, flow.allocation("gpu[01,03]", "2", None))
     render(eng.report, fmt, out)
     return "CKD401" in eng.report.rules() and "CKD406" in eng.report.rules()
+
+
+def _doctor_scene(run: str, fmt: str, out) -> bool:
+    """The doctor's actions on the first run root: the relaunch gate says no, `verify --fix`
+    repoints the tracker at the newest complete checkpoint (with a backup), the gate says yes;
+    `prune --dry-run` shows what a retention policy would remove, and removes nothing."""
+    from .api import make_engine
+    from .commands import fix as doctor
+    from .commands import prune as pflow
+    from .commands import verify as vflow
+    from .report import render
+    if fmt == "text":
+        out.write(f"\n# scene 6: repair before the relaunch\n$ ckptdoctor verify --target resume {run}   # the gate\n")
+    gate = make_engine("verify", run)
+    vflow.run(run, gate, target="resume")
+    if fmt == "text":
+        out.write(f"verify --target resume: {'FAIL' if gate.report.failed() else 'ok'} "
+                  f"(the framework would resume from {gate.report.facts.get('resume_from')})\n"
+                  f"$ ckptdoctor verify --fix --target resume {run}\n")
+    eng = doctor.run_and_fix(run, lambda: make_engine("verify", run), layout=None, target="resume", fix_to=None,
+                             quarantine=False, say=lambda line: fmt == "text" and out.write(f"# {line}\n"))
+    render(eng.report, fmt, out)
+    if fmt == "text":
+        out.write(f"\n$ ckptdoctor prune --keep-last 1 --dry-run {run}\n")
+    pr = make_engine("prune", run)
+    plan = pflow.run(run, pr, keep_last=1, keep_every=None, dry_run=True)
+    if fmt == "text":
+        for n in plan["removed"]:
+            out.write(f"would remove {n}\n")
+        for n, why in plan["kept"].items():
+            out.write(f"kept {n}: {why}\n")
+    return gate.report.failed() and not eng.report.failed() and os.path.isdir(os.path.join(run, "iter_0000100"))
