@@ -179,6 +179,8 @@ def verify(
     slice_: Optional[str] = typer.Option(None, "--slice", help="With --checksums: hash only slice K of N "
                                          "(K/N, e.g. $SLURM_PROCID/$SLURM_NTASKS); combine with `ckptdoctor merge`."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Hashing threads [default: 2 x cores, max 8]."),
+    deep: bool = typer.Option(False, "--deep", help="Also read tensor bytes (safetensors files, without torch): "
+                              "NaN/Inf in any float dtype, and a zero-filled tail left by a crash."),
     fix: bool = typer.Option(False, "--fix", help="Run roots: when the framework would resume from a broken "
                              "checkpoint (or none), repoint the tracker to the newest complete one (atomic, with "
                              "a backup); never deletes or moves a checkpoint's data."),
@@ -201,7 +203,8 @@ def verify(
 
     def make_engine():
         return _engine("verify", path, c, {"num_experts": num_experts, "mtime_tolerance": mtime_tolerance,
-                                           "checksums": checksums or None, "slice": sl, "workers": workers})
+                                           "checksums": checksums or None, "slice": sl, "workers": workers,
+                                           "deep": deep or None})
     if (fix_to is not None or quarantine) and not fix:
         raise UsageError("--fix-to and --quarantine only make sense with --fix")
     if not fix:

@@ -133,6 +133,8 @@ MUTANTS = [
     M("gate-downgrades-target", "ckptdoctor/commands/verify.py", "        if name == target:\n            continue",
       "        if False:\n            continue", ("tests/test_ux.py",),
       "the relaunch gate hides a broken resume target"),
+    M("deep-nonfinite-mask", "ckptdoctor/checks/verify_deep.py", "        bad = (arr & expo) == expo",
+      "        bad = (arr & expo) == expo + 1", ("tests/test_deep.py",), "verify --deep misses NaN and Inf"),
     # ---- reconcile -----------------------------------------------------------------------------------
     M("repair-gate-removed", "ckptdoctor/runstate/positions.py",
       "    if after.lost_prompts or len(after.duplicate_prompts) > len(before.duplicate_prompts) \\",

@@ -19,6 +19,7 @@ CHECK_MODULES = (
     "ckptdoctor.checks.verify_components",
     "ckptdoctor.checks.verify_trackers",
     "ckptdoctor.checks.verify_checksums",
+    "ckptdoctor.checks.verify_deep",
     "ckptdoctor.checks.verify_publish",
     "ckptdoctor.checks.reconcile",
     "ckptdoctor.checks.preflight",
@@ -31,7 +32,7 @@ CHECK_MODULES = (
 # catalog is tested against what this derives (tests/test_catalog.py).
 SCOPE_COMMANDS = {"checkpoint": ("verify", "publish"), "run": ("verify",), "reconcile": ("reconcile",),
                   "preflight": ("preflight",)}
-OPTION_COMMANDS = {"checksums": ("verify",)}
+OPTION_COMMANDS = {"checksums": ("verify",), "deep": ("verify",)}
 
 
 @dataclass(frozen=True)
