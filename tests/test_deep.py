@@ -87,3 +87,12 @@ def test_deep_is_off_unless_asked_and_runs_from_the_cli(ckpt):
     assert rc == 0
     rc, out, err = cli("verify", "--deep", "-f", "json", str(ckpt))
     assert rc == 1 and [f["rule"] for f in json.loads(out)["findings"]] == ["CKD130"], err
+
+
+def test_deep_scan_that_cannot_read_the_bytes_fails_closed(ckpt):
+    import fsspec
+    fs = fsspec.filesystem("memory")
+    fs.put(str(ckpt), "/deep-remote", recursive=True)
+    rep = api.verify("memory://deep-remote", deep=True)
+    hit = assert_fires(rep, "CKD901", severity="error")[0]
+    assert "not scanned" in hit.message and "model.safetensors" in hit.path and rep.failed()
