@@ -176,11 +176,13 @@ def verify(
     checksums: bool = typer.Option(False, "--checksums", help="Also re-hash every file against the "
                                    "manifest (ckptdoctor.manifest.json or Megatron integrity.json); no "
                                    "manifest is an error."),
-    slice_: Optional[str] = typer.Option(None, "--slice", help="With --checksums: hash only slice K of N "
-                                         "(K/N, e.g. $SLURM_PROCID/$SLURM_NTASKS); combine with `ckptdoctor merge`."),
+    slice_: Optional[str] = typer.Option(None, "--slice", help="With --checksums or --deep: read only slice K "
+                                         "of N (K/N, e.g. $SLURM_PROCID/$SLURM_NTASKS); combine with `ckptdoctor "
+                                         "merge`."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Hashing threads [default: 2 x cores, max 8]."),
-    deep: bool = typer.Option(False, "--deep", help="Also read tensor bytes (safetensors files, without torch): "
-                              "NaN/Inf in any float dtype, and a zero-filled tail left by a crash."),
+    deep: bool = typer.Option(False, "--deep", help="Also read tensor bytes, without torch (safetensors, DCP "
+                              "shards, torch zip archives): NaN/Inf in any float dtype, each record's CRC-32, "
+                              "and a zero-filled tail left by a crash."),
     fix: bool = typer.Option(False, "--fix", help="Run roots: when the framework would resume from a broken "
                              "checkpoint (or none), repoint the tracker to the newest complete one (atomic, with "
                              "a backup); never deletes or moves a checkpoint's data."),
@@ -198,7 +200,7 @@ def verify(
     unless --fix."""
     _logging(quiet, debug)
     from .commands import verify as flow
-    sl = _parse_slice(slice_, checksums)
+    sl = _parse_slice(slice_, checksums or deep)
     c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet, verbose, color)
 
     def make_engine():
@@ -217,7 +219,7 @@ def verify(
     _finish(eng, format)
 
 
-def _parse_slice(value: Optional[str], checksums: bool):
+def _parse_slice(value: Optional[str], reads: bool):
     if value is None:
         return None
     k, sep, n = value.partition("/")
@@ -227,8 +229,8 @@ def _parse_slice(value: Optional[str], checksums: bool):
         raise UsageError(f"--slice {value!r}: expected K/N, e.g. 0/4") from None
     if not sep or n < 1 or not 0 <= k < n:
         raise UsageError(f"--slice {value!r}: need 0 <= K < N")
-    if not checksums:
-        raise UsageError("--slice only makes sense with --checksums")
+    if not reads:
+        raise UsageError("--slice only makes sense with --checksums or --deep")
     return (k, n)
 
 

@@ -96,3 +96,232 @@ def test_deep_scan_that_cannot_read_the_bytes_fails_closed(ckpt):
     rep = api.verify("memory://deep-remote", deep=True)
     hit = assert_fires(rep, "CKD901", severity="error")[0]
     assert "not scanned" in hit.message and "model.safetensors" in hit.path and rep.failed()
+
+
+# ---- torch zip archives (a Trainer-style checkpoint written by torch.save) ------------------------
+def _member(path, suffix):
+    """(absolute start, size) of the zip member whose name ends with `suffix`, read with zipfile."""
+    import zipfile
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith(suffix))
+    raw = open(path, "rb").read(info.header_offset + 30)
+    nlen, xlen = struct.unpack("<HH", raw[info.header_offset + 26:info.header_offset + 30])
+    return info.header_offset + 30 + nlen + xlen, info.file_size
+
+
+def _patch(path, offset, data: bytes):
+    st = os.stat(path)
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        fh.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.fixture
+def trainer(tmp_path):
+    """checkpoint-10 as the HF Trainer lays it out, every file written by torch/safetensors: AdamW
+    after one step (fp32 state), a LambdaLR, RNG state, a bf16 extra state and a zero bias."""
+    from safetensors.torch import save_file
+    d = tmp_path / "out" / "checkpoint-10"
+    d.mkdir(parents=True)
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 8))
+    torch.nn.init.zeros_(m[1].bias)
+    opt = torch.optim.AdamW(m.parameters())
+    m(torch.randn(4, 32)).sum().backward()
+    opt.step()
+    save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(d / "model.safetensors"))
+    torch.save(opt.state_dict(), d / "optimizer.pt")
+    torch.save(torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0).state_dict(), d / "scheduler.pt")
+    torch.save({"cpu": torch.get_rng_state(), "ema": torch.randn(16).bfloat16()}, d / "rng_state.pth")
+    (d / "trainer_state.json").write_text(json.dumps({"global_step": 10}))
+    return d
+
+
+def test_healthy_trainer_checkpoint_has_no_finding(trainer):
+    rep = api.verify(str(trainer.parent), deep=True)
+    assert not rep.findings, [(f.rule, f.message) for f in rep.findings]
+    assert rep.facts["checkpoints"][0]["complete"]
+
+
+def test_flipped_byte_in_a_pt_record_is_named_and_torch_load_would_not_notice(trainer):
+    f = trainer / "optimizer.pt"
+    before = torch.load(f)["state"][0]["exp_avg"].clone()
+    start, size = _member(f, "/data/1")           # state.0.exp_avg
+    _patch(f, start + 5, bytes([open(f, "rb").read()[start + 5] ^ 0x10]))
+    after = torch.load(f)["state"][0]["exp_avg"]  # the real loader takes it without a word...
+    assert not torch.equal(before, after)          # ...and resumes from different numbers
+    assert not api.verify(str(trainer)).findings   # sizes, zip structure and markers all intact
+    hit = assert_fires(api.verify(str(trainer), deep=True), "CKD132", path_contains="optimizer.pt")[0]
+    assert "state.0.exp_avg" in hit.details["record"] and hit.details["start"] == start
+    assert hit.details["end"] == start + size
+
+
+@pytest.mark.parametrize("fname, suffix, where, width, pattern, nan, inf", [
+    ("optimizer.pt", "/data/2", "state.0.exp_avg_sq", 4, 0x7FC00000, 1, 0),   # fp32 NaN
+    ("optimizer.pt", "/data/1", "state.0.exp_avg", 4, 0xFF800000, 0, 1),      # fp32 -Inf
+    ("rng_state.pth", "/data/1", "ema", 2, 0x7FC1, 1, 0),                     # bf16 NaN
+])
+def test_nan_and_inf_in_pt_records_are_named_as_torch_sees_them(trainer, fname, suffix, where, width, pattern,
+                                                                 nan, inf):
+    f = trainer / fname
+    start, _ = _member(f, suffix)
+    _patch(f, start + 3 * width, struct.pack("<I" if width == 4 else "<H", pattern))
+    # CRC still matches? no: the CRC names the change too; the NaN finding is what matters here
+    hit = assert_fires(api.verify(str(trainer), deep=True), "CKD130", path_contains=fname)[0]
+    assert where in hit.details["tensor"] and (hit.details["nan"], hit.details["inf"]) == (nan, inf)
+    obj = torch.load(f)
+    t = obj["state"][0]["exp_avg_sq" if "sq" in where else "exp_avg"] if fname == "optimizer.pt" else obj["ema"]
+    assert int(torch.isnan(t).sum()) == nan and int(torch.isinf(t).sum()) == inf  # what torch itself loads
+
+
+def test_crc_not_computed_is_not_a_false_alarm(tmp_path, trainer):
+    from torch.utils.serialization import config
+    old = config.save.compute_crc32
+    config.save.compute_crc32 = False
+    try:
+        torch.save({"w": torch.randn(64)}, trainer / "optimizer.pt")
+    finally:
+        config.save.compute_crc32 = old
+    torch.load(trainer / "optimizer.pt")  # torch reads it
+    rep = api.verify(str(trainer), deep=True)
+    assert not rep.findings, [(f.rule, f.message) for f in rep.findings]
+
+
+def test_a_file_deep_cannot_read_is_not_passed(trainer):
+    import pickle
+    (trainer / "extra_state.bin").write_bytes(pickle.dumps({"a": 1}))  # not a torch zip
+    hit = assert_fires(api.verify(str(trainer), deep=True), "CKD901", path_contains="extra_state.bin")[0]
+    assert "not a torch zip archive" in hit.message
+
+
+# ---- DCP shards (4 ranks saved over gloo by the real dcp.save) -----------------------------------
+def _dcp_item(ckpt, fqn):
+    """(file, absolute start of the tensor bytes) of the first write item of `fqn`, from the
+    metadata torch itself reads."""
+    import torch.distributed.checkpoint as dcp
+    md = dcp.FileSystemReader(str(ckpt)).read_metadata()
+    idx, info = next((i, s) for i, s in md.storage_data.items() if i.fqn == fqn)
+    path = ckpt / info.relative_path
+    raw = open(path, "rb").read()[info.offset:info.offset + info.length]
+    import io
+    import zipfile
+    with zipfile.ZipFile(io.BytesIO(raw)) as z:
+        mi = next(i for i in z.infolist() if "/data/" in i.filename)
+    nlen, xlen = struct.unpack("<HH", raw[mi.header_offset + 26:mi.header_offset + 30])
+    return path, info.offset + mi.header_offset + 30 + nlen + xlen, idx
+
+
+def _dcp_load(ckpt):
+    """Load the checkpoint with the real single-process dcp.load into a fresh state."""
+    import torch.distributed.checkpoint as dcp
+    sd = {"dense.weight": torch.zeros(8, 3), "shared.bias": torch.zeros(3), "step": 0}
+    dcp.load(sd, checkpoint_id=str(ckpt), no_dist=True)
+    return sd
+
+
+def test_dcp_healthy_then_nan_and_flipped_byte_named(real):
+    ck = real("dcp_4rank")
+    rep = api.verify(str(ck), deep=True)
+    assert not rep.findings, [(f.rule, f.message) for f in rep.findings]
+    path, start, idx = _dcp_item(ck, "dense.weight")
+    _patch(path, start + 4, struct.pack("<I", 0x7FC00000))
+    assert not api.verify(str(ck)).findings
+    rep = api.verify(str(ck), deep=True)
+    hit = assert_fires(rep, "CKD130", path_contains=path.name)[0]
+    assert hit.details["tensor"].startswith("dense.weight") and hit.details["nan"] == 1
+    assert int(torch.isnan(_dcp_load(ck)["dense.weight"]).sum()) == 1   # the real load agrees
+    crc = assert_fires(rep, "CKD132", path_contains=path.name)[0]      # and the CRC saw the change
+    assert crc.details["record"].startswith("dense.weight")
+
+
+def test_dcp_deep_slices_cover_every_file_once_and_merge_finds_it(real, tmp_path):
+    from helpers import cli
+    ck = real("dcp_4rank")
+    path, start, _ = _dcp_item(ck, "dense.weight")
+    _patch(path, start, struct.pack("<I", 0x7F800000))
+    docs = []
+    for k in range(3):
+        rc, out, err = cli("verify", str(ck), "--deep", "--slice", f"{k}/3", "-f", "json")
+        (tmp_path / f"s{k}.json").write_text(out)
+        docs.append(json.loads(out))
+    units = [d["facts"]["slice"]["units"] for d in docs]
+    scanned = sum(d["facts"]["slice"]["bytes"] for d in docs)
+    data = sum(p.stat().st_size for p in ck.glob("*.distcp"))
+    assert sum(units) == len(list(ck.glob("*.distcp"))) and scanned == data  # every file, once
+    assert sum(any(f["rule"] == "CKD130" for f in d["findings"]) for d in docs) == 1
+    rc, out, err = cli("merge", *[str(tmp_path / f"s{k}.json") for k in range(3)], "-f", "json")
+    assert rc == 1 and any(f["rule"] == "CKD130" and path.name in f["path"] for f in json.loads(out)["findings"])
+
+
+def test_deep_progress_counts_every_scanned_byte(real):
+    from ckptdoctor.commands import verify as flow
+    ck = real("dcp_4rank")
+    seen = []
+
+    class Sink:
+        def __init__(self, total, label):
+            seen.append([total, 0, label])
+
+        def __call__(self, n):
+            seen[-1][1] += n
+
+        def close(self):
+            pass
+    eng = api.make_engine("verify", str(ck), progress=Sink, deep=True)
+    flow.run(str(ck), eng)
+    total, done, label = seen[-1]
+    assert label.startswith("scanning") and 0 < done <= total
+    assert total == sum(p.stat().st_size for p in ck.glob("*.distcp"))
+
+
+def test_sharded_safetensors_from_huggingface_hub(tmp_path):
+    from huggingface_hub import save_torch_state_dict
+    d = tmp_path / "hf"
+    d.mkdir()
+    g = torch.Generator().manual_seed(2)
+    sd = {f"layers.{i}.weight": torch.randn(32, 32, generator=g).bfloat16() for i in range(6)}
+    sd["layers.5.bias"] = torch.zeros(32).bfloat16()
+    save_torch_state_dict(sd, str(d), max_shard_size="5KB")
+    shards = sorted(d.glob("*.safetensors"))
+    assert len(shards) >= 3
+    assert not api.verify(str(d), deep=True).findings
+    idx = json.loads((d / "model.safetensors.index.json").read_text())["weight_map"]
+    shard = d / idx["layers.3.weight"]
+    _poke(shard, "layers.3.weight", 100, struct.pack("<H", 0xFF80))  # bf16 -Inf
+    hit = assert_fires(api.verify(str(d), deep=True), "CKD130", path_contains=shard.name)[0]
+    assert hit.details["tensor"] == "layers.3.weight" and hit.details["inf"] == 1
+    from safetensors.torch import load_file
+    assert int(torch.isinf(load_file(str(shard))["layers.3.weight"]).sum()) == 1  # as the library reads it
+
+
+def test_zlib_fallback_finds_the_same_change(trainer, monkeypatch):
+    import zlib
+    from ckptdoctor.checks import verify_deep as vd
+    monkeypatch.setattr(vd, "CRC32", zlib.crc32)  # without the `deep` extra's ISA-L
+    f = trainer / "scheduler.pt"
+    start, _ = _member(f, "data.pkl")
+    _patch(f, start + 2, b"\x00")
+    assert_fires(api.verify(str(trainer), deep=True), "CKD132", path_contains="scheduler.pt")
+
+
+def test_damaged_archive_directories_give_one_line_not_a_traceback(trainer):
+    """Every single-byte corruption of a real archive's directory area: the reader raises its own
+    one-line error or reads members; nothing else escapes."""
+    from ckptdoctor.layouts import ptzip
+    raw = bytearray((trainer / "scheduler.pt").read_bytes())
+    cd = raw.rfind(b"PK\x01\x02", 0, len(raw))
+    first_cd = raw.find(b"PK\x01\x02")
+    for pos in range(first_cd, len(raw)):
+        for val in (0x00, 0xFF, raw[pos] ^ 0x80):
+            bad = bytes(raw[:pos]) + bytes([val]) + bytes(raw[pos + 1:])
+            try:
+                ptzip.members(lambda o, n: bad[o:o + n], 0, len(bad))
+            except ptzip.ZipDirError:
+                pass
+    assert cd > first_cd
+    # and through verify: a truncated archive that no structural rule covers is named, not crashed on
+    (trainer / "extra.pt").write_bytes(bytes(raw[:len(raw) - 30]))
+    rep = api.verify(str(trainer), deep=True)
+    assert not [f for f in rep.findings if f.rule == "CKD900"]
+    assert any("extra.pt" in f.path and f.rule in ("CKD132", "CKD117") for f in rep.findings)

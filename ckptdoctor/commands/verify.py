@@ -108,10 +108,11 @@ def _slice_stats(rep, views):
     sl = rep.facts.get("slice")
     if sl is not None:
         for ck in views:
-            res = ck.results.get("content")
-            if res is not None:
-                sl["units"] += res.units
-                sl["bytes"] += res.bytes
+            for area in ("content", "deep"):
+                res = ck.results.get(area)
+                if res is not None:
+                    sl["units"] += res.units
+                    sl["bytes"] += res.bytes
 
 
 def _row(s: CheckpointStatus) -> dict:

@@ -194,3 +194,77 @@ def plain(obj: Any, depth: int = 0) -> Any:
     if isinstance(obj, (bytes, bytearray)):
         return f"<{len(obj)} bytes>"
     return obj
+
+
+@dataclass(frozen=True)
+class StorageInfo:
+    """One storage of a torch.save archive: its element type and where the first tensor that
+    uses it sits in the saved object (e.g. "state.0.exp_avg")."""
+    dtype: str | None
+    path: str | None
+
+
+class _DtypeScan(PtUnpickler):
+    """Reads a data.pkl only to learn each storage's element type and place (for `verify --deep`):
+    classes the training code pickled (optimizers' and frameworks' own) become inert bags instead
+    of refusals, since nothing here keeps or calls them; the modules pickles run code through stay
+    refused."""
+
+    def __init__(self, fh):
+        super().__init__(fh)
+        self.dtypes: dict[str, str] = {}
+        self.stubs: dict[int, tuple[str, TensorStub]] = {}
+
+    def find_class(self, module, name):
+        if (module, name) in (("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_tensor")):
+            return self._rebuild
+        if (module, name) == ("torch._utils", "_rebuild_tensor_v3"):
+            return self._rebuild_v3
+        try:
+            return super().find_class(module, name)
+        except RefusedGlobal:
+            top = module.split(".", 1)[0]
+            if module in DANGEROUS_MODULES or top in DANGEROUS_MODULES or name.startswith("__"):
+                raise
+            return bag_class(f"{module}.{name}")
+
+    def _stub(self, storage, dtype, offset, size, stride):
+        stub = _rebuild_tensor(storage, offset, size, stride)
+        if isinstance(storage, StorageStub):
+            if dtype:
+                self.dtypes.setdefault(storage.key, str(dtype))
+            self.stubs[id(stub)] = (storage.key, stub)  # keeps the stub alive: ids stay unique
+        return stub
+
+    def _rebuild(self, storage, offset=0, size=(), stride=None, *rest):
+        return self._stub(storage, getattr(storage, "dtype", None), offset, size, stride)
+
+    def _rebuild_v3(self, storage, offset=0, size=(), stride=None, grad=False, hooks=None, dtype=None, *rest):
+        return self._stub(storage, dtype if isinstance(dtype, DType) else None, offset, size, stride)
+
+
+def storages(data: bytes, max_nodes: int = 1_000_000) -> dict[str, StorageInfo]:
+    """`storage key -> StorageInfo` for a torch.save data.pkl, without running it.  Raises
+    RefusedGlobal or pickle errors like `loads`."""
+    with memory_budget(pickle_budget(len(data))):
+        u = _DtypeScan(io.BytesIO(data))
+        obj = u.load()
+    paths: dict[str, str] = {}
+    stack: list[tuple[Any, str]] = [(obj, "")]
+    seen = 0
+    while stack and seen < max_nodes and len(paths) < len(u.stubs):  # bounded walk, no recursion
+        o, p = stack.pop()
+        seen += 1
+        if isinstance(o, TensorStub):
+            hit = u.stubs.get(id(o))
+            if hit:
+                paths.setdefault(hit[0], p or "<root>")
+            continue
+        if isinstance(o, Bag):
+            o = {k: v for k, v in o.__dict__.items() if k != "_args"}
+        if isinstance(o, dict):
+            stack += [(v, f"{p}.{k}" if p else str(k)) for k, v in reversed(list(o.items()))]
+        elif isinstance(o, (list, tuple)):
+            stack += [(v, f"{p}.{i}" if p else str(i)) for i, v in reversed(list(enumerate(o)))]
+    keys = set(u.dtypes) | {k for k, _ in u.stubs.values()}
+    return {k: StorageInfo(u.dtypes.get(k), paths.get(k)) for k in keys}

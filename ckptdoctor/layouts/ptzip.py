@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import struct
 import zipfile
+from dataclasses import dataclass
 
 LOCAL_HEADER = b"PK\x03\x04"
 EOCD = b"PK\x05\x06"
@@ -56,3 +57,98 @@ def archive_problem(fh, max_members: int = 100_000) -> str | None:
     except (OSError, ValueError, EOFError, struct.error) as exc:
         return f"unreadable zip ({type(exc).__name__}: {exc})"
     return None
+
+
+# ---- the central directory, read by hand (for `verify --deep`) -----------------------------------
+# zipfile cannot read an archive embedded at an offset of a larger file without copying it, and a
+# DCP shard holds thousands of them; these ~60 lines read one from any buffer (an mmap, a pread
+# window) with every number bounds-checked.
+CD_SIG, LOCAL_SIG = b"PK\x01\x02", b"PK\x03\x04"
+Z64_LOCATOR, Z64_EOCD = b"PK\x06\x07", b"PK\x06\x06"
+
+
+class ZipDirError(ValueError):
+    """The archive's directory cannot be read (one line, names what is wrong)."""
+
+
+@dataclass(frozen=True)
+class Member:
+    """One stored record of a zip archive: where its bytes are (absolute offsets in the buffer
+    given to `members`), how they are stored, and the CRC-32 the writer recorded."""
+    name: str
+    start: int
+    size: int
+    compressed: int
+    method: int
+    crc: int
+
+
+def members(read, base: int, length: int, limit: int = 100_000) -> list[Member]:
+    """The members of the zip archive occupying bytes [base, base + length) of a buffer read
+    through `read(offset, n) -> bytes`.  Raises ZipDirError for anything out of bounds."""
+    end = base + length
+    if length < EOCD_LEN:
+        raise ZipDirError(f"{length} bytes is too short for a zip archive")
+    tail = read(max(base, end - EOCD_LEN - 0xFFFF), min(length, EOCD_LEN + 0xFFFF))
+    at = tail.rfind(EOCD)
+    if at < 0 or len(tail) - at < EOCD_LEN:
+        raise ZipDirError("no end-of-central-directory record")
+    eocd = end - (len(tail) - at)
+    _, _, _, _, count, cd_size, cd_off, _ = struct.unpack("<4s4H2LH", tail[at:at + EOCD_LEN])
+    loc = read(eocd - 20, 20) if eocd - 20 >= base else b""
+    if loc[:4] == Z64_LOCATOR:  # torch always writes zip64 records between directory and end record
+        z64 = struct.unpack("<Q", loc[8:16])[0]
+        rec = read(base + z64, 56) if base + z64 + 56 <= eocd - 20 else b""
+        if rec[:4] != Z64_EOCD:
+            raise ZipDirError("zip64 end record missing or out of place")
+        count, cd_size, cd_off = struct.unpack("<QQQ", rec[32:56])
+        eocd = base + z64  # the directory ends where the zip64 record starts
+    elif 0xFFFFFFFF in (cd_size, cd_off) or count == 0xFFFF:
+        raise ZipDirError("zip64 sizes without a zip64 locator")
+    if count > limit or cd_size > limit * 1024:  # every read stays bounded, whatever the numbers say
+        raise ZipDirError(f"{count} members in a {cd_size}-byte directory (limit {limit} members)")
+    concat = eocd - cd_size - cd_off - base  # bytes prepended to the archive (0 for torch's writer)
+    cd_start = base + concat + cd_off
+    if concat < 0 or cd_start < base or cd_start + cd_size > eocd:
+        raise ZipDirError("central directory lies outside the archive")
+    cd = read(cd_start, cd_size)
+    out, pos = [], 0
+    for _ in range(count):
+        if cd[pos:pos + 4] != CD_SIG or pos + 46 > len(cd):
+            raise ZipDirError(f"central directory entry {len(out)} is damaged")
+        (method, crc, csize, usize, nlen, xlen, clen, lho) = struct.unpack("<10xH4xLLLHHH8xL", cd[pos:pos + 46])
+        name = cd[pos + 46:pos + 46 + nlen].decode("utf-8", "replace")
+        extra = cd[pos + 46 + nlen:pos + 46 + nlen + xlen]
+        pos += 46 + nlen + xlen + clen
+        if 0xFFFFFFFF in (csize, usize, lho):
+            usize, csize, lho = _zip64_extra(extra, usize, csize, lho, name)
+        local = base + concat + lho
+        head = read(local, 30) if local + 30 <= end else b""
+        if head[:4] != LOCAL_SIG:
+            raise ZipDirError(f"member {name}: no local header where the directory points")
+        lnlen, lxlen = struct.unpack("<HH", head[26:30])
+        start = local + 30 + lnlen + lxlen
+        if start + csize > cd_start:
+            raise ZipDirError(f"member {name} extends past its archive's data")
+        out.append(Member(name, start, usize, csize, method, crc))
+    return out
+
+
+def _zip64_extra(extra: bytes, usize: int, csize: int, lho: int, name: str) -> tuple[int, int, int]:
+    i = 0
+    while i + 4 <= len(extra):
+        tag, n = struct.unpack("<HH", extra[i:i + 4])
+        if tag == 1:
+            vals, j = [], i + 4
+            for v in (usize, csize, lho):
+                if v == 0xFFFFFFFF:
+                    if j + 8 > i + 4 + n:
+                        break
+                    vals.append(struct.unpack("<Q", extra[j:j + 8])[0])
+                    j += 8
+                else:
+                    vals.append(v)
+            if len(vals) == 3:
+                return vals[0], vals[1], vals[2]
+        i += 4 + n
+    raise ZipDirError(f"member {name}: zip64 sizes without their extra field")
