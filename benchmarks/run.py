@@ -136,6 +136,9 @@ if __name__ == "__main__":
     if what in ("checksums", "all"):
         from checksums_bench import main as cb  # noqa
         cb()
+    if what in ("contract", "all"):
+        from contract_bench import main as cbench  # noqa
+        cbench()
     if what in ("deep", "all"):
         from deep_bench import main as db  # noqa
         db()

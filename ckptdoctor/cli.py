@@ -12,7 +12,7 @@ from typing import List, Optional
 import typer
 
 from . import __version__
-from .engine.errors import EXIT_INTERNAL, CkptDoctorError, UsageError
+from .engine.errors import EXIT_INTERNAL, CkptDoctorError, InputError, UsageError
 
 app = typer.Typer(name="ckptdoctor", no_args_is_help=True, add_completion=False,
                   rich_markup_mode=None, pretty_exceptions_enable=False,
@@ -382,6 +382,10 @@ def preflight(
                                "($SLURMD_NODENAME) in LOCATION, with stats only."),
     node: Optional[str] = typer.Option(None, "--node", help="With --local: this node's name [default: "
                                        "$SLURMD_NODENAME, else the hostname]."),
+    contract: Optional[str] = typer.Option(None, "--contract", help="Run root holding ckptdoctor.contract.json "
+                                           "[default: LOCATION when it has one]; its rules (CKD51x) always run."),
+    total_steps: Optional[int] = typer.Option(None, "--total-steps", help="The total step count this relaunch "
+                                              "uses, compared with the run contract (CKD514)."),
     select: Optional[List[str]] = SelectOpt, ignore: Optional[List[str]] = IgnoreOpt,
     fail_on: Optional[Level] = FailOnOpt, severity: Optional[List[str]] = SeverityOpt,
     config: Optional[str] = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
@@ -396,6 +400,101 @@ def preflight(
     eng = _engine("preflight", location, c, {"ranks_per_node": ranks_per_node})
     alloc = flow.allocation(nodelist, eng.opt("ranks_per_node"), rank_map)
     flow.run(location, eng, alloc, local=local, node=node)
+    from .commands import contract as cflow
+    root = contract or (location if "{node}" not in location and "://" not in location else None)
+    if contract and not os.path.lexists(os.path.join(contract, "ckptdoctor.contract.json")):
+        raise InputError(f"--contract {contract}: no ckptdoctor.contract.json there")
+    if root and os.path.lexists(os.path.join(root, "ckptdoctor.contract.json")):
+        cflow.evaluate(eng, cflow.subject(root, total_steps, quick_data=True))
+    _finish(eng, format)
+
+
+# ---- the run contract ---------------------------------------------------------------------------
+contract_app = typer.Typer(help="The run contract: code, data, recipe and length a run must keep across "
+                                "resumes (ckptdoctor.contract.json in the run root).", no_args_is_help=True)
+app.add_typer(contract_app, name="contract", rich_help_panel="Resume proofs")
+
+
+@contract_app.command("init")
+def contract_init(
+    run_root: str = typer.Argument(..., help="The run root (directory of checkpoints)."),
+    code: Optional[str] = typer.Option(None, "--code", help="Code directory: git commit + uncommitted changes, "
+                                       "or a tree hash outside git."),
+    data: Optional[List[str]] = typer.Option(None, "--data", help="Data file or directory (repeatable); each "
+                                             "file's size and content hash."),
+    recipe: Optional[List[str]] = typer.Option(None, "--recipe", help="Recipe/config file (repeatable)."),
+    total_steps: Optional[int] = typer.Option(None, "--total-steps", help="The run's total step count."),
+    format: Fmt = FormatOpt, debug: bool = DebugOpt, quiet: bool = QuietOpt,
+):
+    """Record the run contract's first phase; refuses if RUN_ROOT already has a contract."""
+    _logging(quiet, debug)
+    from . import contract as C
+    from .commands import contract as cflow
+    eng = _engine("contract", run_root, Common(None, None, None, None, None, True, format, debug, quiet))
+    c = C.init(run_root, code, list(data or []), list(recipe or []), total_steps)
+    cflow.written(eng, c, say=None if quiet else _say)
+    _finish(eng, format)
+
+
+@contract_app.command("check")
+def contract_check(
+    run_root: str = typer.Argument(..., help="The run root holding ckptdoctor.contract.json."),
+    total_steps: Optional[int] = typer.Option(None, "--total-steps", help="The total step count the relaunch "
+                                              "uses; compared with the contract."),
+    format: Fmt = FormatOpt, debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt,
+    color: Color = ColorOpt,
+):
+    """Re-hash what the newest phase names; each changed, added or removed item is a finding (exit 1)."""
+    _logging(quiet, debug)
+    from .commands import contract as cflow
+    c = Common(None, None, None, None, None, True, format, debug, quiet, verbose, color)
+    eng = _engine("contract", run_root, c)
+    cflow.check(run_root, eng, total_steps)
+    _finish(eng, format)
+
+
+@contract_app.command("new-phase")
+def contract_new_phase(
+    run_root: str = typer.Argument(..., help="The run root holding ckptdoctor.contract.json."),
+    reason: str = typer.Option(..., "--reason", help="Why the contract changes (recorded with the phase)."),
+    code: Optional[str] = typer.Option(None, "--code", help="New code directory [default: the previous phase's]."),
+    data: Optional[List[str]] = typer.Option(None, "--data", help="New data paths [default: the previous phase's]."),
+    recipe: Optional[List[str]] = typer.Option(None, "--recipe", help="New recipe files [default: the previous "
+                                               "phase's]."),
+    total_steps: Optional[int] = typer.Option(None, "--total-steps", help="New total step count [default: the "
+                                              "previous phase's]."),
+    format: Fmt = FormatOpt, debug: bool = DebugOpt, quiet: bool = QuietOpt,
+):
+    """Append a phase (what is on disk now, with its reason); earlier phases are never edited."""
+    _logging(quiet, debug)
+    from . import contract as C
+    from .commands import contract as cflow
+    eng = _engine("contract", run_root, Common(None, None, None, None, None, True, format, debug, quiet))
+    c = C.new_phase(run_root, reason, code, list(data) if data else None, list(recipe) if recipe else None,
+                    total_steps)
+    cflow.written(eng, c, say=None if quiet else _say)
+    _finish(eng, format)
+
+
+# ---- resume digests -------------------------------------------------------------------------------
+digests_app = typer.Typer(help="Per-rank state digests written by ckptdoctor.resume.record().",
+                          no_args_is_help=True)
+app.add_typer(digests_app, name="digests", rich_help_panel="Resume proofs")
+
+
+@digests_app.command("diff")
+def digests_diff(
+    a: str = typer.Argument(..., help="A checkpoint with ckptdoctor.digests/ (or that directory)."),
+    b: str = typer.Argument(..., help="Another one."),
+    format: Fmt = FormatOpt, debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt,
+    color: Color = ColorOpt,
+):
+    """Which items of which ranks differ between two digest sets (exit 1 when any does)."""
+    _logging(quiet, debug)
+    from .commands import digests as dflow
+    c = Common(None, None, None, None, None, True, format, debug, quiet, verbose, color)
+    eng = _engine("digests", b, c)
+    dflow.diff(a, b, eng)
     _finish(eng, format)
 
 

@@ -101,6 +101,12 @@ EXAMPLES = {
               "ckptdoctor prune --keep-last 3 --keep-every 1000 /lustre/run7"],
     "schema": ["ckptdoctor schema report > ckptdoctor-report.schema.json", "ckptdoctor schema run-state"],
     "demo": ["ckptdoctor demo", "ckptdoctor demo /tmp/ckptdoctor-demo"],
+    "contract init": ["ckptdoctor contract init /lustre/run7 --code ~/train --data /data/tokens --recipe "
+                      "recipes/llama.yaml --total-steps 100000"],
+    "contract check": ["ckptdoctor contract check /lustre/run7 --total-steps 100000"],
+    "contract new-phase": ["ckptdoctor contract new-phase /lustre/run7 --reason 'lower LR after loss spike' "
+                           "--recipe recipes/llama-lr2.yaml"],
+    "digests diff": ["ckptdoctor digests diff /lustre/run7/iter_0000300 /lustre/run7-replay/iter_0000300"],
 }
 
 
@@ -117,16 +123,21 @@ def generate() -> dict[str, str]:
     subs = cmd.commands
     top_desc = ("ckptdoctor finds broken checkpoints before a relaunch and publishes them whole or not at "
                 "all. Subcommands: " + ", ".join(subs) + ". Each has its own page, e.g. ckptdoctor\\-verify(1).")
+    leaves = []
+    for sname, sub in subs.items():  # a group (contract, digests) has one page per subcommand
+        leaves += [(f"{sname} {n}", c) for n, c in sub.commands.items()] if hasattr(sub, "commands") \
+            else [(sname, sub)]
     files["man/ckptdoctor.1"] = page("ckptdoctor", cmd.help.splitlines()[0], "ckptdoctor [--version] COMMAND [ARGS]...",
                                      top_desc, cmd.params, examples("ckptdoctor") + "\n" + EXIT + "\n" + FILES +
                                      "\n.SH SEE ALSO\n" +
-                                     ", ".join(f"ckptdoctor\\-{s}(1)" for s in subs))
-    for sname, sub in subs.items():
+                                     ", ".join(f"ckptdoctor\\-{n.replace(' ', '-')}(1)" for n, _ in leaves))
+    for sname, sub in leaves:
         synopsis = f"ckptdoctor {sname} [OPTIONS]" + "".join(
             f" {p.name.upper()}" for p in sub.params if p.param_type_name == "argument")
-        files[f"man/ckptdoctor-{sname}.1"] = page(f"ckptdoctor-{sname}", (sub.help or "").splitlines()[0],
-                                                  synopsis, sub.help or "", sub.params,
-                                                  examples(sname) + "\n" + EXIT + "\n.SH SEE ALSO\nckptdoctor(1)")
+        dashed = sname.replace(" ", "-")
+        files[f"man/ckptdoctor-{dashed}.1"] = page(f"ckptdoctor-{dashed}", (sub.help or "").splitlines()[0],
+                                                   synopsis, sub.help or "", sub.params,
+                                                   examples(sname) + "\n" + EXIT + "\n.SH SEE ALSO\nckptdoctor(1)")
     for shell, fname in (("bash", "completions/ckptdoctor.bash"), ("zsh", "completions/_ckptdoctor"),
                          ("fish", "completions/ckptdoctor.fish")):
         files[fname] = get_completion_script(prog_name="ckptdoctor", complete_var="_CKPTDOCTOR_COMPLETE",

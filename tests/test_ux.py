@@ -181,7 +181,10 @@ def test_every_subcommand_takes_format_quiet_and_debug():
     import typer
     from ckptdoctor.cli import app
     cmd = typer.main.get_command(app)
-    for name, sub in cmd.commands.items():
+    leaves = []
+    for name, sub in cmd.commands.items():  # groups (contract, digests): each subcommand
+        leaves += [(f"{name} {n}", c) for n, c in sub.commands.items()] if hasattr(sub, "commands") else [(name, sub)]
+    for name, sub in leaves:
         opts = {o for p in sub.params for o in getattr(p, "opts", [])}
         assert {"-f", "--format", "-q", "--quiet", "--debug"} <= opts, (name, sorted(opts))
         if name in ("verify", "publish", "reconcile", "preflight"):

@@ -2,7 +2,7 @@
 from ..engine.registry import register_external
 
 # a check crashed (a bug): Engine.run_scope, wherever checks run
-register_external("CKD900", ("verify", "publish", "reconcile", "preflight"))
+register_external("CKD900", ("verify", "publish", "reconcile", "preflight", "contract", "digests"))
 # a file or directory inside the target is unreadable: verify's and publish's checkpoint checks
 register_external("CKD901", ("verify", "publish"))
 # nothing recognisable at the target, or a forced layout that does not fit: verify

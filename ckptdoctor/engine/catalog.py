@@ -16,7 +16,7 @@ from .errors import UsageError
 
 ID_RE = re.compile(r"^CKD\d{3}$")
 NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
-AREAS = {"1": "verify", "2": "publish", "3": "reconcile", "4": "preflight", "9": "tool"}
+AREAS = {"1": "verify", "2": "publish", "3": "reconcile", "4": "preflight", "5": "resume", "9": "tool"}
 REQUIRED = ("id", "name", "severity", "subcommands", "summary", "why", "fix")
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -47,6 +47,7 @@ class Rule:
     fix: str
     example: str = ""
     references: tuple[str, ...] = field(default_factory=tuple)
+    locked: bool = False   # cannot be deselected or downgraded (the run contract)
 
     @property
     def area(self) -> str:
@@ -69,7 +70,7 @@ def catalog() -> dict[str, Rule]:
             id=doc["id"], name=doc["name"], severity=doc["severity"],
             subcommands=tuple(doc["subcommands"]), summary=doc["summary"].strip(),
             why=doc["why"].strip(), fix=doc["fix"].strip(), example=(doc.get("example") or "").strip(),
-            references=tuple(doc.get("references") or ()))
+            references=tuple(doc.get("references") or ()), locked=doc.get("locked") is True)
     return rules
 
 

@@ -81,6 +81,7 @@ class PreflightFacts(Facts):
     resume_from: Any = UNSET
     newest_reachable: Any = UNSET
     local: Any = UNSET
+    contract: Any = UNSET             # the run contract, when the run root has one
 
 
 @dataclass
@@ -90,8 +91,22 @@ class MergeFacts(Facts):
     units_hashed: Any = UNSET
 
 
+@dataclass
+class ContractFacts(Facts):
+    contract: Any = UNSET             # the newest phase and what was compared
+    written: Any = UNSET              # init / new-phase: the phase written
+
+
+@dataclass
+class DigestsFacts(Facts):
+    a: Any = UNSET
+    b: Any = UNSET
+    ranks: Any = UNSET
+    items: Any = UNSET
+
+
 FACTS = {"verify": VerifyFacts, "prune": VerifyFacts, "publish": PublishFacts, "reconcile": ReconcileFacts,
-         "preflight": PreflightFacts, "merge": MergeFacts}
+         "preflight": PreflightFacts, "merge": MergeFacts, "contract": ContractFacts, "digests": DigestsFacts}
 
 
 def for_command(command: str) -> Facts:

@@ -23,6 +23,7 @@ CHECK_MODULES = (
     "ckptdoctor.checks.verify_publish",
     "ckptdoctor.checks.reconcile",
     "ckptdoctor.checks.preflight",
+    "ckptdoctor.checks.resume",
     "ckptdoctor.checks.tool",
 )
 
@@ -31,7 +32,7 @@ CHECK_MODULES = (
 # which subcommands offer the options that switch a check on.  A rule's `subcommands` in the
 # catalog is tested against what this derives (tests/test_catalog.py).
 SCOPE_COMMANDS = {"checkpoint": ("verify", "publish"), "run": ("verify",), "reconcile": ("reconcile",),
-                  "preflight": ("preflight",)}
+                  "preflight": ("preflight",), "contract": ("contract", "preflight"), "digests": ("digests",)}
 OPTION_COMMANDS = {"checksums": ("verify",), "deep": ("verify",)}
 
 

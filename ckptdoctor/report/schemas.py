@@ -26,7 +26,7 @@ def report() -> dict[str, Any]:
             "required": ["version", "command", "target", "root", "config", "findings", "summary", "facts"],
             "properties": {
                 "version": {"const": 1},
-                "command": {"enum": ["verify", "publish", "reconcile", "preflight", "prune"]},
+                "command": {"enum": ["verify", "publish", "reconcile", "preflight", "prune", "contract", "digests"]},
                 "target": {"type": "string", "description": "the location as given"},
                 "root": {"type": "string", "description": "the location as an absolute path (or URL)"},
                 "config": {"type": ["string", "null"], "description": "the config file that applied"},
