@@ -139,6 +139,15 @@ MUTANTS = [
       "    if rec.crc is not None and not got.short and got.crc != rec.crc:",
       "    if rec.crc is not None and not got.short and False:", ("tests/test_deep.py",),
       "verify --deep passes a torch archive whose bytes changed after the write"),
+    # ---- resume proofs and the run contract --------------------------------------------------------
+    M("resume-compare-blind", "ckptdoctor/resume.py",
+      "    differing = sorted(k for k in saved.keys() & now.keys() if saved[k] != now[k])",
+      "    differing = sorted(k for k in saved.keys() & now.keys() if False)",
+      ("tests/test_resume.py::test_mismatch_lists_differing_missing_and_unexpected",),
+      "a restored state with different values passes resume.check"),
+    M("contract-data-hash-ignored", "ckptdoctor/contract.py",
+      '        if now[p]["xxh3_128"] != files[p]["xxh3_128"]:', '        if False:',
+      ("tests/test_contract.py",), "a data file rewritten in place passes the run contract"),
     # ---- reconcile -----------------------------------------------------------------------------------
     M("repair-gate-removed", "ckptdoctor/runstate/positions.py",
       "    if after.lost_prompts or len(after.duplicate_prompts) > len(before.duplicate_prompts) \\",
