@@ -61,9 +61,15 @@ def pre(*args, env=None):
 
 
 @pytest.fixture
-def four(fixture_root, tmp_path):
-    """4 real gloo ranks' DCP checkpoint, 2 ranks per node on n1, n2."""
-    return fixture_root / "dcp_4rank", tmp_path / "nodes"
+def four(tmp_path):
+    """A 4-rank DCP checkpoint whose items are all row shards (torch's on-disk format, written by
+    ckptdoctor's torch-free writer): spread 2 ranks per node on n1, n2, every rank's reads are on
+    its node.  (A save with replicated items is not loadable spread this way: test_readsets.py
+    proves that against the real dcp.load.)"""
+    from ckptdoctor.layouts import dcp_writer as W
+    src = tmp_path / "src"
+    W.write(str(src), [W.Item("w", (8, 3), (2 * r, 0), (2, 3), [float(r)] * 6, rank=r) for r in range(4)])
+    return src, tmp_path / "nodes"
 
 
 def test_all_shards_present_is_clean(four):
@@ -177,7 +183,7 @@ def test_local_mode_checks_only_this_node(four):
     rc, rep, err = pre("--local", root / "n2" / "run7", env=env | {"SLURMD_NODENAME": "n2"})
     assert rc == 1
     hits = assert_fires_json(rep, "CKD401")
-    assert hits[0]["details"]["ranks"] == [3] and "__3_*.distcp" in hits[0]["message"]
+    assert hits[0]["details"]["ranks"] == [3] and "__3_0.distcp" in hits[0]["message"]
     rc, rep, err = pre("--local", root / "n2" / "run7", env=env | {"SLURMD_NODENAME": "n9"})
     assert rc == 2 and "not in the node list" in err
     del loc

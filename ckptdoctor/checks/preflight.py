@@ -134,7 +134,8 @@ def resume_unreachable(pf, eng):
     v = pf.verdicts.get(pf.target)
     ok = v.reachable if v else (pf.target == best)
     if not ok:
-        yield Hit(pf.display, f"the job would resume from {pf.target}, which not every rank can read; "
+        yield Hit(pf.display, f"the job would resume from {pf.target or 'this checkpoint'}, which not every "
+                  f"rank can read; "
                   f"newest checkpoint every rank can read: {best or 'none'}",
                   details={"resume_from": pf.target, "newest_reachable": best},
                   hint=(f"point the tracker at {best} or restore the missing files" if best else
@@ -155,9 +156,13 @@ def node_location_missing(pf, eng):
 def world_size_changed(pf, eng):
     for name, v in pf.verdicts.items():
         if v.extra_ranks:
+            # with read sets from .metadata, what each new rank reads was checked file by file
+            modelled = v.read_model is not None
             yield Hit(pf.display, f"{v.name or 'the checkpoint'} has shards of ranks "
                       f"{v.extra_ranks[0]}..{v.extra_ranks[-1]}, beyond this allocation's {pf.alloc.world} "
-                      f"ranks: the world size changed", severity="warning" if pf.shared else _sev(pf, name),
+                      f"ranks: the world size changed" + (" (each new rank's reads were checked under the "
+                                                           "Shard(0) even split)" if modelled else ""),
+                      severity="warning" if pf.shared or modelled else _sev(pf, name),
                       details={"checkpoint": v.name, "extra_ranks": v.extra_ranks[:100], "world": pf.alloc.world},
                       hint="resharding needs every shard readable (shared storage); node-local shards of "
                            "the missing ranks will not be read")

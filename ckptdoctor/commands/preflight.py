@@ -96,7 +96,7 @@ def run(location: str, engine: Engine, alloc: Allocation, local: bool = False, n
     else:
         for n in ([me] if me else alloc.nodes):
             views[n] = open_view(n, node_location(location, n))
-    pf = Preflight(alloc, views, shared, local=me, parse_metadata=not local, display=location)
+    pf = Preflight(alloc, views, shared, local=me, parse_metadata=True, display=location)
     engine.run_scope("preflight", pf)
     rep = engine.report
     rep.facts["nodes"] = _node_rows(pf)

@@ -66,6 +66,8 @@ class Reads:
     global_files: tuple[str, ...] = ()
     optional_global: tuple[str, ...] = ()  # global when some node has them
     rank_map: str | None = None           # a named mapping implemented in code (megatron-legacy-grid)
+    plan: str | None = None               # "dcp-metadata": read sets from `.metadata` (preflight/readsets.py);
+                                          # rank_file is the fallback when no node has the metadata
 
     def rank_of(self, rel: str) -> int | None:
         m = self.rank_file.search(rel) if self.rank_file else None
@@ -136,7 +138,7 @@ _LAYOUT_KEYS = {"name", "title", "priority", "description", "detect", "markers",
 _DETECT_KEYS = {"files", "dirs", "claims", "names", "child_files"}
 _STEPS_KEYS = {"pattern", "format"}
 _TRACKER_KEYS = {"file", "parse", "content", "release_dir", "monitoring"}
-_READS_KEYS = {"rank_file", "rank_glob", "global_files", "optional_global", "rank_map"}
+_READS_KEYS = {"rank_file", "rank_glob", "global_files", "optional_global", "rank_map", "plan"}
 RESUME_POLICIES = {"tracker", "newest-dir", "newest-with-marker"}
 
 
@@ -174,7 +176,7 @@ def _layout(d: dict, family: str, scope: str, where: str) -> Layout:
         r = _keys(d["reads"], _READS_KEYS, f"{where}.reads")
         reads = Reads(re.compile(r["rank_file"], re.ASCII) if r.get("rank_file") else None,
                       r.get("rank_glob", "{rank}"), _t(r.get("global_files")), _t(r.get("optional_global")),
-                      r.get("rank_map"))
+                      r.get("rank_map"), r.get("plan"))
     resume = d.get("resume")
     if resume is not None and resume not in RESUME_POLICIES:
         raise UsageError(f"{where}.resume: {resume!r} is not one of {', '.join(sorted(RESUME_POLICIES))}")

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from ..layouts import dcp as dcp_reader
+from . import readsets
 from ..layouts.spec import Layout
 from .model import Allocation, Ckpt, NodeView
 
@@ -37,6 +38,8 @@ class CkptVerdict:
     extra_ranks: list[int] = field(default_factory=list)   # files for ranks >= world
 
     grid_problem: str | None = None                       # e.g. world not divisible by TP x PP
+    read_model: str | None = None                         # how read sets were derived (from .metadata)
+    saved_world: int | None = None
 
     @property
     def reachable(self) -> bool:
@@ -74,23 +77,20 @@ class Preflight:
     def _copies(self, name: str) -> dict[str, Ckpt]:
         return {n: self.views[n].checkpoints[name] for n in self.nodes_checked if name in self.views[n].checkpoints}
 
-    def _expected_sizes(self, name: str, copies: dict[str, Ckpt]) -> dict[str, int]:
-        """Minimum size per shard from `.metadata` (first node that has it); {} in --local mode."""
+    def _metadata(self, name: str, copies: dict[str, Ckpt]):
+        """The checkpoint's `.metadata`, parsed once from the first node that has it (None when no
+        node has a readable one: verify reports it, CKD110)."""
         if not self.parse_metadata:
-            return {}
+            return None
         for node, ck in copies.items():
             if ".metadata" in ck.files:
                 v = self.views[node]
                 rel = f"{name}/.metadata" if name else ".metadata"
                 try:
-                    md = dcp_reader.parse(v.storage.read(rel, 2 << 30))
+                    return dcp_reader.parse(v.storage.read(rel, 2 << 30))
                 except Exception:  # noqa: BLE001 - verify reports unreadable metadata (CKD110)
-                    return {}
-                need: dict[str, int] = {}
-                for s in md.storage:
-                    need[s.relative_path] = max(need.get(s.relative_path, 0), s.file_offset + s.length)
-                return need
-        return {}
+                    return None
+        return None
 
     def _judge(self, name: str, step) -> CkptVerdict:
         copies = self._copies(name)
@@ -103,17 +103,30 @@ class Preflight:
         out = CkptVerdict(name, step, lay.name if lay else None)
         if fam is None:
             return out
-        need = self._expected_sizes(name, copies)
         world = self.alloc.world
+        md = self._metadata(name, copies)
+        need: dict[str, int] = {}
         files_by_rank: dict[int, set[str]] = {}
-        if fam.rank_map == "megatron-legacy-grid":
+        for s in md.storage if md is not None else ():
+            end = s.file_offset + s.length
+            if end > need.get(s.relative_path, 0):
+                need[s.relative_path] = end
+        if md is not None and fam.plan == "dcp-metadata":
+            rs = readsets.plan(md, world, set(union), self.ranks_checked())
+            out.read_model = "resharded: Shard(0) overlap" if rs.resharded else "saved ranks"
+            out.saved_world = rs.saved_world
+            files_by_rank = {r: rs.files(r) for r in self.ranks_checked()}
+            if rs.saved_world and rs.saved_world > world:
+                out.extra_ranks = list(range(world, rs.saved_world))
+        elif fam.rank_map == "megatron-legacy-grid":
             files_by_rank = _megatron_legacy_ranks(union, world, out)
         else:
             for rel in set(union) | set(need):
                 r = fam.rank_of(rel)
                 if r is not None:
                     files_by_rank.setdefault(r, set()).add(rel)
-        out.extra_ranks = sorted(r for r in files_by_rank if r >= world)
+        if out.read_model is None:
+            out.extra_ranks = sorted(r for r in files_by_rank if r >= world)
         mine = set(self.ranks_checked())
         miss: dict[tuple[str, str], Gap] = {}
         for r in sorted(files_by_rank):
@@ -130,7 +143,7 @@ class Preflight:
                     g.ranks.append(r)
                 elif rel in need and have < need[rel]:
                     out.short.append(Gap(node, name, shown, rel, [r], need[rel], have))
-        if not self.shared:  # node-local: a rank of ours with no file at all
+        if not self.shared and out.read_model is None:  # node-local: a rank of ours with no file at all
             for r in sorted(mine):
                 if r < world and r not in files_by_rank:
                     node = self.alloc.rank_node[r]
