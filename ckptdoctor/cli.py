@@ -382,6 +382,12 @@ def preflight(
                                "($SLURMD_NODENAME) in LOCATION, with stats only."),
     node: Optional[str] = typer.Option(None, "--node", help="With --local: this node's name [default: "
                                        "$SLURMD_NODENAME, else the hostname]."),
+    allow_fresh: bool = typer.Option(False, "--allow-fresh", help="The job starts fresh: an empty or missing "
+                                     "node-local run directory is not an error (CKD409)."),
+    expect_step: Optional[int] = typer.Option(None, "--expect-step", help="The step the job resumes from: a node "
+                                              "whose own resume target differs is an error (CKD404)."),
+    expect_tracker: Optional[str] = typer.Option(None, "--expect-tracker", help="A copy of the tracker on durable "
+                                                 "storage: its step is the job's (as --expect-step)."),
     contract: Optional[str] = typer.Option(None, "--contract", help="Run root holding ckptdoctor.contract.json "
                                            "[default: LOCATION when it has one]; its rules (CKD51x) always run."),
     total_steps: Optional[int] = typer.Option(None, "--total-steps", help="The total step count this relaunch "
@@ -399,7 +405,8 @@ def preflight(
     c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet, verbose, color)
     eng = _engine("preflight", location, c, {"ranks_per_node": ranks_per_node})
     alloc = flow.allocation(nodelist, eng.opt("ranks_per_node"), rank_map)
-    flow.run(location, eng, alloc, local=local, node=node)
+    flow.run(location, eng, alloc, local=local, node=node, allow_fresh=allow_fresh,
+             expect=flow.expectation(expect_step, expect_tracker, location))
     from .commands import contract as cflow
     root = contract or (location if "{node}" not in location and "://" not in location else None)
     if contract and not os.path.lexists(os.path.join(contract, "ckptdoctor.contract.json")):

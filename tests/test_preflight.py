@@ -282,3 +282,65 @@ def test_deepspeed_node_local(tmp_path):
     rc, rep, err = pre(loc, "--nodelist", "d[1-2]", "--ranks-per-node", "2")
     assert assert_fires_json(rep, "CKD401")[0]["details"]["ranks"] == [3]
     assert_fires_json(rep, "CKD403", path_contains="d1/ds/global_step3/mp_rank_00_model_states.pt")
+
+
+# ---- a replacement node with an empty disk (issue 14) --------------------------------------------
+def test_local_mode_never_passes_an_empty_or_missing_run_directory(four, tmp_path):
+    src, root = four
+    spread(src, root, ["n1", "n2"], 2)
+    env = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NTASKS_PER_NODE": "2", "SLURMD_NODENAME": "n2"}
+    shutil.rmtree(root / "n2" / "run7")
+    (root / "n2" / "run7").mkdir()                      # the replacement node's empty NVMe
+    rc, rep, err = pre("--local", root / "n2" / "run7", env=env)
+    hit = assert_fires_json(rep, "CKD409")[0]
+    assert rc == 1 and hit["details"]["node"] == "n2" and hit["details"]["ranks"] == [2, 3]
+    assert "--allow-fresh" in hit["hint"]
+    rc, rep, err = pre("--local", root / "n2" / "run7", "--allow-fresh", env=env)
+    assert rc == 0 and rep["findings"] == [], rep["findings"]
+    (root / "n2" / "run7").rmdir()                      # not even the directory
+    rc, rep, err = pre("--local", root / "n2" / "run7", env=env)
+    assert rc == 1 and assert_fires_json(rep, "CKD407")[0]["details"]["ranks"] == [2, 3]
+    rc, rep, err = pre("--local", root / "n2" / "run7", "--allow-fresh", env=env)
+    assert rc == 0, rep["findings"]
+
+
+def test_all_nodes_a_node_without_checkpoint_while_others_have_one(four):
+    src, root = four
+    loc = spread(src, root, ["n1", "n2"], 2)
+    (root / "n3" / "run7").mkdir(parents=True)
+    for extra in ([], ["--allow-fresh"]):  # others would resume: fresh or not, n3 is wrong
+        rc, rep, err = pre(loc, "--nodelist", "n[1-3]", "--ranks-per-node", "2", *extra)
+        hits = assert_fires_json(rep, "CKD409")
+        assert rc == 1 and [h["details"]["node"] for h in hits] == ["n3"]
+        assert hits[0]["details"]["nodes_with_checkpoints"] == ["n1", "n2"]
+
+
+def test_a_fresh_job_on_empty_nodes(tmp_path):
+    for n in ("n1", "n2"):
+        (tmp_path / n / "run7").mkdir(parents=True)
+    loc = f"{tmp_path}/{{node}}/run7"
+    rc, rep, err = pre(loc, "--nodelist", "n[1-2]", "--ranks-per-node", "1")
+    assert rc == 1 and len(assert_fires_json(rep, "CKD409")) == 2
+    rc, rep, err = pre(loc, "--nodelist", "n[1-2]", "--ranks-per-node", "1", "--allow-fresh")
+    assert rc == 0 and rep["findings"] == []
+
+
+def test_expect_step_and_tracker_copy(four, tmp_path):
+    src, root = four
+    spread(src, root, ["n1", "n2"], 2)
+    env = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NTASKS_PER_NODE": "2", "SLURMD_NODENAME": "n1"}
+    here = root / "n1" / "run7"
+    rc, rep, err = pre("--local", here, "--expect-step", "100", env=env)
+    assert rc == 0, rep["findings"]
+    rc, rep, err = pre("--local", here, "--expect-step", "200", env=env)
+    hit = assert_fires_json(rep, "CKD404")[0]
+    assert rc == 1 and hit["details"]["expected_step"] == 200 and hit["details"]["resume_step"] == 100
+    durable = tmp_path / "latest_checkpointed_iteration.txt"
+    durable.write_text("200\n")
+    rc, rep, err = pre("--local", here, "--expect-tracker", durable, env=env)
+    assert rc == 1 and "--expect-tracker" in assert_fires_json(rep, "CKD404")[0]["message"]
+    durable.write_text("100\n")
+    rc, rep, err = pre("--local", here, "--expect-tracker", durable, env=env)
+    assert rc == 0, rep["findings"]
+    rc, rep, err = pre("--local", here, "--expect-tracker", tmp_path / "nope", env=env)
+    assert rc == 2 and "nope" in err

@@ -135,3 +135,43 @@ def test_prolog_hooks_hold_job_without_draining(lab, nodes_root, tmp_path, hook)
                  f"--comment=ckptdoctor={nodes_root}/{{node}}/run7 ranks=2 hook={hook}", str(job)], timeout=120)
     assert r.returncode == 0, r.stderr
     assert sorted(os.listdir(trained)) == [f"rank.{i}" for i in range(6)]
+
+
+def test_replacement_node_with_an_empty_disk_stops_the_job(lab, nodes_root, tmp_path):
+    shutil.rmtree(nodes_root / "n2" / "run7")
+    (nodes_root / "n2" / "run7").mkdir()  # n2 was replaced: its NVMe is empty
+    os.chmod(nodes_root / "n2" / "run7", 0o755)
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    os.chmod(tmp_path, 0o755)
+    out = tmp_path / "empty.out"
+    job = _job(tmp_path, _train_body(nodes_root, trained), opts=["-N3", "--ntasks-per-node=2", f"-o {out}"])
+    r = lab.run(["sbatch", "--wait", str(job)], timeout=120)
+    text = out.read_text()
+    assert r.returncode != 0, text
+    assert os.listdir(trained) == []
+    assert "CKD409" in text and "node n2" in text and "ranks 2,3" in text, text
+    assert lab.states() == {n: "idle" for n in slurm_lab.NODES}
+
+
+def test_a_declared_fresh_start_runs_on_empty_disks(lab, tmp_path):
+    os.chmod(tmp_path, 0o755)
+    root = tmp_path / "nodes"
+    for n in slurm_lab.NODES:
+        (root / n / "run7").mkdir(parents=True)
+    for d in [root] + [root / n for n in slurm_lab.NODES] + [root / n / "run7" for n in slurm_lab.NODES]:
+        os.chmod(d, 0o755)
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    os.chmod(trained, 0o777)
+    for fresh, want_rc in (("", 1), (" --allow-fresh", 0)):
+        out = tmp_path / f"fresh{bool(fresh)}.out"
+        body = (f"export CKPTDOCTOR={CKD}\n"
+                f"{REPO}/scripts/slurm/preflight-step.sh '{root}/{{node}}/run7'{fresh} || exit $?\n"
+                f"srun bash -c 'touch {trained}/rank.$SLURM_PROCID'\n")
+        job = _job(tmp_path, body, opts=["-N3", "--ntasks-per-node=2", f"-o {out}"])
+        r = lab.run(["sbatch", "--wait", str(job)], timeout=120)
+        assert (r.returncode == 0) == (want_rc == 0), out.read_text()
+        if want_rc:
+            assert "CKD409" in out.read_text() and os.listdir(trained) == []
+    assert sorted(os.listdir(trained)) == [f"rank.{i}" for i in range(6)]

@@ -88,6 +88,16 @@ def global_file_missing(pf, eng):
 
 @check("CKD404", "preflight")
 def tracker_disagrees(pf, eng):
+    exp = pf.expect
+    if exp is not None and exp.step != pf.target_step:
+        here = f"node {pf.local}" if pf.local else "this allocation"
+        has = f"{pf.target} (step {pf.target_step})" if pf.target else "nothing (it would start from scratch)"
+        yield Hit(pf.display, f"{here} would resume from {has}, but the job expects step {exp.step} "
+                  f"({exp.source}): ranks would resume from different checkpoints",
+                  details={"resume_from": pf.target, "resume_step": pf.target_step, "expected_step": exp.step,
+                           "expected_from": exp.source, "node": pf.local},
+                  hint="copy the expected checkpoint and tracker to this node, or relaunch with the step every "
+                       "node holds")
     seen = {n: (t or "").strip() for n, t in pf.trackers().items() if t is not None}
     if len(set(seen.values())) > 1:
         groups: dict[str, list[str]] = {}
@@ -146,7 +156,8 @@ def resume_unreachable(pf, eng):
 def node_location_missing(pf, eng):
     for node in pf.nodes_checked:
         v = pf.views[node]
-        if v.problem:
+        fresh = v.absent and pf.allow_fresh and not any(pf.has_checkpoint(n) for n in pf.nodes_checked)
+        if v.problem and not fresh:  # a declared fresh start may find its directory not made yet
             yield Hit(v.location, f"node {node}: {v.problem}", details={"node": node,
                                                                        "ranks": pf.alloc.ranks_of(node)},
                       hint="every node of the allocation needs its copy of the checkpoint")
@@ -170,3 +181,29 @@ def world_size_changed(pf, eng):
             yield Hit(pf.display, f"{v.name or 'the checkpoint'}: {v.grid_problem}", severity=_sev(pf, name),
                       details={"checkpoint": v.name, "world": pf.alloc.world},
                       hint="relaunch with a world size the model-parallel grid divides")
+
+
+@check("CKD409", "preflight")
+def node_without_checkpoint(pf, eng):
+    """An empty (or missing) node-local run directory on a node whose job resumes: its ranks would
+    start from scratch while the others resume, or hang in the first collective."""
+    if pf.shared:
+        return
+    checked = pf.nodes_checked
+    have = [n for n in checked if pf.has_checkpoint(n)]
+    empty = [n for n in checked if not pf.has_checkpoint(n) and not pf.views[n].problem]  # missing: CKD407
+    if not empty:
+        return
+    if have or not pf.allow_fresh:
+        why = (f"while {compress(have)} hold{'s' if len(have) == 1 else ''} one" if have else
+               "and the job does not declare a fresh start" if pf.local else
+               "on any node, and the job does not declare a fresh start")
+        for n in empty:
+            v = pf.views[n]
+            yield Hit(v.location, f"node {n}: {v.location} holds no checkpoint {why}: its {_ranks(pf.alloc.ranks_of(n))} would "
+                      f"start from scratch while others resume, or hang",
+                      details={"node": n, "ranks": pf.alloc.ranks_of(n), "location": v.location,
+                               "nodes_with_checkpoints": have},
+                      hint="copy the checkpoint to this node (a replacement node's disk is empty) from durable "
+                           "storage or a replica; a job that really starts fresh says so with --allow-fresh "
+                           "(Prolog wrapper: the word `fresh` in the job comment)")

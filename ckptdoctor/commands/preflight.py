@@ -80,7 +80,37 @@ def _rank_map(path: str, nodelist: str | None) -> Allocation:
     return Allocation(nodes, [per[n] for n in nodes], rank_node, path)
 
 
-def run(location: str, engine: Engine, alloc: Allocation, local: bool = False, node: str | None = None) -> Preflight:
+def expectation(step: int | None, tracker_file: str | None, location: str):
+    """--expect-step / --expect-tracker as an Expectation (None when neither is given)."""
+    from ..preflight.analysis import Expectation
+    if step is not None and tracker_file:
+        raise UsageError("--expect-step and --expect-tracker are alternatives: give one")
+    if step is not None:
+        if step < 0:
+            raise UsageError(f"--expect-step {step}: a step is >= 0")
+        return Expectation(step, f"--expect-step {step}")
+    if not tracker_file:
+        return None
+    try:
+        raw = read_regular(tracker_file, 64 << 10)
+    except OSError as exc:
+        raise InputError(f"--expect-tracker {tracker_file}: {exc.strerror or exc}") from None
+    text = raw.decode("utf-8", "replace").strip()
+    try:
+        doc = json.loads(text) if text.startswith("{") else None
+    except ValueError:
+        doc = None
+    val = next((doc[k] for k in ("step", "iteration", "global_step", "latest") if isinstance(doc, dict) and k in doc),
+               None) if doc is not None else text
+    import re
+    m = re.search(r"(\d+)\s*$", str(val)) if val is not None else None
+    if m is None:
+        raise InputError(f"--expect-tracker {tracker_file}: no step number in {text[:60]!r}")
+    return Expectation(int(m.group(1)), f"--expect-tracker {tracker_file}")
+
+
+def run(location: str, engine: Engine, alloc: Allocation, local: bool = False, node: str | None = None,
+        allow_fresh: bool = False, expect=None) -> Preflight:
     shared = "{node}" not in location and not local  # --local: LOCATION is this node's own copy
     me = None
     if local:
@@ -96,7 +126,8 @@ def run(location: str, engine: Engine, alloc: Allocation, local: bool = False, n
     else:
         for n in ([me] if me else alloc.nodes):
             views[n] = open_view(n, node_location(location, n))
-    pf = Preflight(alloc, views, shared, local=me, parse_metadata=True, display=location)
+    pf = Preflight(alloc, views, shared, local=me, parse_metadata=True, display=location,
+                   allow_fresh=allow_fresh, expect=expect)
     engine.run_scope("preflight", pf)
     rep = engine.report
     rep.facts["nodes"] = _node_rows(pf)

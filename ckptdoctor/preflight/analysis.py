@@ -46,6 +46,14 @@ class CkptVerdict:
         return not (self.missing or self.short or self.global_missing or self.grid_problem)
 
 
+@dataclass(frozen=True)
+class Expectation:
+    """What the job as a whole will resume from (`--expect-step N`, or `--expect-tracker FILE`, a
+    copy of the tracker on durable storage), for a node to compare its own resume target with."""
+    step: int | None        # None: the job starts fresh (a tracker copy that names nothing)
+    source: str
+
+
 @dataclass
 class Preflight:
     alloc: Allocation
@@ -54,6 +62,23 @@ class Preflight:
     local: str | None = None       # --local: the node this runs on
     parse_metadata: bool = True
     display: str = ""
+    allow_fresh: bool = False      # the job declares a fresh start: an empty run directory is fine
+    expect: "Expectation | None" = None  # --expect-step / --expect-tracker: the job's resume target
+
+    def has_checkpoint(self, node: str) -> bool:
+        v = self.views[node]
+        return bool(v.checkpoints or v.nvrx)
+
+    @cached_property
+    def target_step(self) -> int | None:
+        t = self.target
+        if t is None:
+            return None
+        v = self.verdicts.get(t)
+        if v is not None and v.step is not None:
+            return v.step
+        m = re.search(r"(\d+)$", t or "")
+        return int(m.group(1)) if m else None
 
     @property
     def nodes_checked(self) -> list[str]:

@@ -74,6 +74,7 @@ class NodeView:
     location: str
     storage: Storage | None = None
     problem: str | None = None      # the location could not be opened
+    absent: bool = False            # ... because it does not exist (a fresh or replaced node-local disk)
     kind: str | None = None         # run | checkpoint | nvrx | None
     run: RunView | None = None
     checkpoints: dict[str, Ckpt] = field(default_factory=dict)
@@ -109,6 +110,7 @@ def open_view(node: str, location: str) -> NodeView:
         raise
     except InputError as exc:
         v.problem = str(exc).split(": ", 1)[-1]
+        v.absent = "no such file or directory" in v.problem.lower()
         return v
     st = v.storage
     try:

@@ -8,6 +8,8 @@
 #   srun python train.py
 #
 # LOCATION may contain {node}: each node checks its own copy ({node} -> $SLURMD_NODENAME).
+# A node whose node-local run directory is empty or missing (a replacement node) stops the job
+# (CKD409); a job that really starts from scratch passes --allow-fresh after LOCATION.
 # Ranks per node come from the job ($SLURM_NTASKS_PER_NODE), captured before the one-task step
 # overrides it; set CKPTDOCTOR_RANKS_PER_NODE to override.
 # Exit: 0 go on; 75 storage unreachable -> job requeued and held for a human; else the failure.

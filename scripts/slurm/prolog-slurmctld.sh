@@ -10,8 +10,10 @@ case "$comment" in *ckptdoctor=*) ;; *) exit 0 ;; esac
 loc=${comment#*ckptdoctor=}; loc=${loc%% *}
 rpn=1
 case "$comment" in *ranks=*) rpn=${comment#*ranks=}; rpn=${rpn%% *} ;; esac
+fresh=()
+case " $comment " in *" fresh "*) fresh=(--allow-fresh) ;; esac
 out=$(/usr/bin/timeout 60 "$CKPTDOCTOR" preflight "$loc" --nodelist "$SLURM_JOB_NODELIST" \
-      --ranks-per-node "$rpn" --quiet 2>&1)
+      --ranks-per-node "$rpn" --quiet "${fresh[@]}" 2>&1)
 rc=$?
 if [ "$rc" -ne 0 ]; then
   "$SCONTROL" update JobId="$SLURM_JOB_ID" AdminComment="ckptdoctor preflight rc=$rc: $(printf '%s' "$out" | grep -m2 ' error ' | tr -s ' \n' ' ' | cut -c1-300)"

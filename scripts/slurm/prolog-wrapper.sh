@@ -11,6 +11,8 @@
 #
 # The job opts in with its comment, since a Prolog sees no job environment:
 #   sbatch --comment 'ckptdoctor=/nvme/{node}/run7 ranks=8' job.sh
+# A job that starts from scratch adds the word `fresh` (an empty node-local directory is then fine):
+#   sbatch --comment 'ckptdoctor=/nvme/{node}/run7 ranks=8 fresh' job.sh
 # The Prolog has no PATH: CKPTDOCTOR must be an absolute path (edit the default below).
 CKPTDOCTOR=${CKPTDOCTOR:-/opt/ckptdoctor/bin/ckptdoctor}
 SCONTROL=${SCONTROL:-/usr/bin/scontrol}
@@ -20,10 +22,12 @@ case "$comment" in *ckptdoctor=*) ;; *) exit 0 ;; esac
 loc=${comment#*ckptdoctor=}; loc=${loc%% *}
 rpn=1
 case "$comment" in *ranks=*) rpn=${comment#*ranks=}; rpn=${rpn%% *} ;; esac
+fresh=()
+case " $comment " in *" fresh "*) fresh=(--allow-fresh) ;; esac
 node=${SLURMD_NODENAME:-$(/bin/hostname -s)}
 out=$(/usr/bin/timeout "$TIMEOUT" "$CKPTDOCTOR" preflight --local "${loc//\{node\}/$node}" \
       --nodelist "${SLURM_JOB_NODELIST:-$SLURM_NODELIST}" --ranks-per-node "$rpn" --quiet \
-      --format json 2>&1)
+      --format json "${fresh[@]}" 2>&1)
 rc=$?
 if [ "$rc" -ne 0 ]; then
   reason=$(printf '%s' "$out" | /usr/bin/python3 -c '
