@@ -382,6 +382,12 @@ def preflight(
                                "($SLURMD_NODENAME) in LOCATION, with stats only."),
     node: Optional[str] = typer.Option(None, "--node", help="With --local: this node's name [default: "
                                        "$SLURMD_NODENAME, else the hostname]."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds the storage has to answer; past "
+                                            "it, exit 75 (requeue held) instead of hanging [default: 8 with --local, "
+                                            "below Slurm's 10 s MessageTimeout; else none]. 0: no deadline."),
+    mem_per_node: Optional[str] = typer.Option(None, "--mem-per-node", help="Host memory per node for the "
+                                               "budget (CKD410), e.g. 512G [default: $SLURM_MEM_PER_NODE, "
+                                               "scontrol RealMemory, or /proc/meminfo and cgroup with --local]."),
     allow_fresh: bool = typer.Option(False, "--allow-fresh", help="The job starts fresh: an empty or missing "
                                      "node-local run directory is not an error (CKD409)."),
     expect_step: Optional[int] = typer.Option(None, "--expect-step", help="The step the job resumes from: a node "
@@ -403,16 +409,24 @@ def preflight(
     if node and not local:
         raise UsageError("--node only makes sense with --local")
     c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet, verbose, color)
-    eng = _engine("preflight", location, c, {"ranks_per_node": ranks_per_node})
-    alloc = flow.allocation(nodelist, eng.opt("ranks_per_node"), rank_map)
-    flow.run(location, eng, alloc, local=local, node=node, allow_fresh=allow_fresh,
-             expect=flow.expectation(expect_step, expect_tracker, location))
     from .commands import contract as cflow
-    root = contract or (location if "{node}" not in location and "://" not in location else None)
+    from .commands.deadline import bounded
+    expect = flow.expectation(expect_step, expect_tracker, location)
     if contract and not os.path.lexists(os.path.join(contract, "ckptdoctor.contract.json")):
         raise InputError(f"--contract {contract}: no ckptdoctor.contract.json there")
-    if root and os.path.lexists(os.path.join(root, "ckptdoctor.contract.json")):
-        cflow.evaluate(eng, cflow.subject(root, total_steps, quick_data=True))
+    if timeout is not None and timeout < 0:
+        raise UsageError(f"--timeout {timeout}: seconds >= 0 (0: no deadline)")
+
+    def attempt():
+        eng = _engine("preflight", location, c, {"ranks_per_node": ranks_per_node, "mem_per_node": mem_per_node})
+        alloc = flow.allocation(nodelist, eng.opt("ranks_per_node"), rank_map)
+        flow.run(location, eng, alloc, local=local, node=node, allow_fresh=allow_fresh, expect=expect)
+        root = contract or (location if "{node}" not in location and "://" not in location else None)
+        if root and os.path.lexists(os.path.join(root, "ckptdoctor.contract.json")):
+            cflow.evaluate(eng, cflow.subject(root, total_steps, quick_data=True))
+        return eng
+    limit = timeout if timeout is not None else (flow.LOCAL_TIMEOUT_S if local else None)
+    eng = bounded(limit, attempt, "preflight")
     _finish(eng, format)
 
 

@@ -344,3 +344,100 @@ def test_expect_step_and_tracker_copy(four, tmp_path):
     assert rc == 0, rep["findings"]
     rc, rep, err = pre("--local", here, "--expect-tracker", tmp_path / "nope", env=env)
     assert rc == 2 and "nope" in err
+
+
+# ---- no hangs (issue 14) ---------------------------------------------------------------------------
+SITE = '''
+import errno, time
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+class Stall(LocalFileSystem):
+    """A mount that never answers."""
+    protocol = "stall"
+    def info(self, path, **kw):
+        time.sleep(3600)
+    ls = info
+
+class Flaky(LocalFileSystem):
+    """A mount that answers ESTALE once, then works (a server failover)."""
+    protocol = "flaky"
+    failed = False
+    @classmethod
+    def _strip_protocol(cls, path):
+        return super()._strip_protocol(str(path).replace("flaky://", "", 1))
+    def info(self, path, **kw):
+        if not Flaky.failed:
+            Flaky.failed = True
+            raise OSError(errno.ESTALE, "Stale file handle")
+        return super().info(path, **kw)
+
+fsspec.register_implementation("stall", Stall, clobber=True)
+fsspec.register_implementation("flaky", Flaky, clobber=True)
+'''
+
+
+@pytest.fixture
+def odd_mounts(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITE)
+    return {"PYTHONPATH": str(site), "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NTASKS_PER_NODE": "2",
+            "SLURMD_NODENAME": "n1"}
+
+
+def test_a_location_that_never_answers_is_exit_75_within_the_timeout(odd_mounts):
+    import time
+    t = time.monotonic()
+    rc, out, err = cli("preflight", "--local", "stall:///nvme/run7", "--timeout", "2", env=odd_mounts, timeout=60)
+    took = time.monotonic() - t
+    assert rc == 75 and "did not answer within 2 s" in err and took < 10, (rc, err, took)
+    t = time.monotonic()  # --local has a deadline by default (below Slurm's MessageTimeout)
+    rc, out, err = cli("preflight", "--local", "stall:///nvme/run7", env=odd_mounts, timeout=60)
+    assert rc == 75 and time.monotonic() - t < 15, err
+
+
+def test_a_transient_error_is_retried_once(four, odd_mounts):
+    src, root = four
+    spread(src, root, ["n1", "n2"], 2)
+    rc, out, err = cli("preflight", "--local", f"flaky://{root}/n1/run7", "-f", "json", env=odd_mounts)
+    assert "retrying once" in err and rc == 0, (rc, out, err)
+    assert json.loads(out)["facts"]["resume_from"] == "iter_0000100"
+
+
+def test_host_memory_budget(four):
+    src, root = four
+    loc = spread(src, root, ["n1", "n2"], 2)
+    base = [loc, "--nodelist", "n[1-2]", "--ranks-per-node", "2"]
+    rc, rep, err = pre(*base, "--mem-per-node", "1K")
+    hits = assert_fires_json(rep, "CKD410")
+    assert rc == 1 and {h["details"]["node"] for h in hits} == {"n1", "n2"} and hits[0]["severity"] == "error"
+    d = hits[0]["details"]
+    records = {}  # the bytes n1's ranks read, from the metadata torch reads
+    from ckptdoctor.layouts import dcp as D
+    md = D.parse((src / ".metadata").read_bytes())
+    for s in md.storage:
+        if s.relative_path in ("__0_0.distcp", "__1_0.distcp"):
+            records[s.fqn, s.offset] = s.length
+    pow2 = sum(1 << (n - 1).bit_length() for n in records.values())
+    assert d["load_bytes"] == sum(records.values()) and d["pinned_bytes"] == pow2
+    assert d["peak_bytes"] == d["load_bytes"] + d["pinned_bytes"] and d["memory_source"] == "--mem-per-node"
+    rc, rep, err = pre(*base, "--mem-per-node", f"{int(d['peak_bytes'] / 0.9)}B")
+    assert rc == 0 and assert_fires_json(rep, "CKD410")[0]["severity"] == "warning"
+    rc, rep, err = pre(*base, "--mem-per-node", "1G")
+    assert rc == 0 and not [f for f in rep["findings"] if f["rule"] == "CKD410"]
+    rc, rep, err = pre(*base, env={"SLURM_MEM_PER_NODE": "1"})  # Slurm's MiB: plenty
+    assert rc == 0, rep["findings"]
+    rc, rep, err = pre(*base, "--mem-per-node", "lots")
+    assert rc == 2 and "lots" in err
+
+
+def test_memory_model_is_configurable(four, tmp_path):
+    src, root = four
+    loc = spread(src, root, ["n1", "n2"], 2)
+    cfg = tmp_path / "ckptdoctor.toml"
+    cfg.write_text("[preflight]\nmemory-pinned = false\nmemory-copy-factor = 2.0\n")
+    rc, rep, err = pre(loc, "--nodelist", "n[1-2]", "--ranks-per-node", "2", "--mem-per-node", "1K",
+                       "--config", cfg)
+    d = assert_fires_json(rep, "CKD410")[0]["details"]
+    assert d["peak_bytes"] == 2 * d["load_bytes"] and d["pinned_model"] is False and d["copy_factor"] == 2.0

@@ -207,3 +207,31 @@ def node_without_checkpoint(pf, eng):
                       hint="copy the checkpoint to this node (a replacement node's disk is empty) from durable "
                            "storage or a replica; a job that really starts fresh says so with --allow-fresh "
                            "(Prolog wrapper: the word `fresh` in the job comment)")
+
+
+@check("CKD410", "preflight")
+def host_memory_budget(pf, eng):
+    """The resume target's load against each node's host memory, by the documented model."""
+    v = pf.verdicts.get(pf.target) if pf.target is not None else None
+    if v is None or not v.load:
+        return
+    m = pf.memory_model
+    for node, (load, pinned) in sorted(v.load.items()):
+        mem = pf.memory.get(node)
+        if mem is None or not mem.bytes:
+            continue
+        peak = m.peak(load, pinned)
+        ratio = peak / mem.bytes
+        if ratio <= 0.8:
+            continue
+        gib = 1 << 30
+        yield Hit(pf.display, f"node {node}: loading {v.name or 'the checkpoint'} peaks at about {peak / gib:.1f} GiB "
+                  f"of host memory ({_ranks(pf.alloc.ranks_of(node))}: {load / gib:.1f} GiB loaded x "
+                  f"{m.copy_factor:g}" + (f" + {pinned / gib:.1f} GiB pinned buffers" if m.pinned else "") +
+                  f"), {ratio:.0%} of its {mem.bytes / gib:.1f} GiB ({mem.source})",
+                  severity="error" if ratio > 1 else "warning",
+                  details={"node": node, "checkpoint": v.name, "load_bytes": load, "pinned_bytes": pinned,
+                           "copy_factor": m.copy_factor, "pinned_model": m.pinned, "peak_bytes": peak,
+                           "memory_bytes": mem.bytes, "memory_source": mem.source, "ratio": round(ratio, 3)},
+                  hint="the node would be OOM-killed during the load after the allocation was granted: use more "
+                       "nodes (fewer ranks per node), nodes with more memory, or a load that streams")

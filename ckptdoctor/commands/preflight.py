@@ -13,6 +13,9 @@ from ..preflight.model import Allocation, node_location, open_view
 from ..slurm.hostlist import HostlistError, compress, expand, tasks_per_node
 
 
+LOCAL_TIMEOUT_S = 8.0  # --local (Prolog, first step): below Slurm's default MessageTimeout of 10 s
+
+
 def allocation(nodelist: str | None, ranks_per_node: str | None, rank_map: str | None) -> Allocation:
     src = "--nodelist"
     if not nodelist:
@@ -111,6 +114,7 @@ def expectation(step: int | None, tracker_file: str | None, location: str):
 
 def run(location: str, engine: Engine, alloc: Allocation, local: bool = False, node: str | None = None,
         allow_fresh: bool = False, expect=None) -> Preflight:
+    from ..preflight import memory
     shared = "{node}" not in location and not local  # --local: LOCATION is this node's own copy
     me = None
     if local:
@@ -127,7 +131,9 @@ def run(location: str, engine: Engine, alloc: Allocation, local: bool = False, n
         for n in ([me] if me else alloc.nodes):
             views[n] = open_view(n, node_location(location, n))
     pf = Preflight(alloc, views, shared, local=me, parse_metadata=True, display=location,
-                   allow_fresh=allow_fresh, expect=expect)
+                   allow_fresh=allow_fresh, expect=expect,
+                   memory=memory.node_memory([me] if me else alloc.nodes, engine.opt("mem_per_node"), me),
+                   memory_model=memory.Model(engine.opt("memory_copy_factor", 1.0), engine.opt("memory_pinned", True)))
     engine.run_scope("preflight", pf)
     rep = engine.report
     rep.facts["nodes"] = _node_rows(pf)

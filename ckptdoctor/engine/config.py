@@ -53,7 +53,10 @@ OPTIONS: dict[str, dict[str, Option]] = {
                 "keep-last": Option(int, 1, "retention: keep the newest K"),
                 "keep-every": Option(int, 1, "retention: also keep every M-th step")},
     "reconcile": {"steps": Option(int, 1, "trainer steps to simulate")},
-    "preflight": {"ranks-per-node": Option(str, None, "ranks per node, N or Slurm's '4(x3),2'")},
+    "preflight": {"ranks-per-node": Option(str, None, "ranks per node, N or Slurm's '4(x3),2'"),
+                  "mem-per-node": Option(str, None, "host memory per node, e.g. 512G (Slurm: bare = MiB)"),
+                  "memory-copy-factor": Option(float, 0, "host-memory model: copies of the loaded bytes"),
+                  "memory-pinned": Option(bool, None, "host-memory model: pinned buffers rounded to 2^k")},
 }
 
 

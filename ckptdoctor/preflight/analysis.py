@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 from ..layouts import dcp as dcp_reader
 from . import readsets
@@ -40,6 +41,7 @@ class CkptVerdict:
     grid_problem: str | None = None                       # e.g. world not divisible by TP x PP
     read_model: str | None = None                         # how read sets were derived (from .metadata)
     saved_world: int | None = None
+    load: dict[str, tuple[int, int]] = field(default_factory=dict)  # node -> (bytes, pinned bytes) it loads
 
     @property
     def reachable(self) -> bool:
@@ -63,6 +65,8 @@ class Preflight:
     parse_metadata: bool = True
     display: str = ""
     allow_fresh: bool = False      # the job declares a fresh start: an empty run directory is fine
+    memory: dict = field(default_factory=dict)   # node -> memory.NodeMemory (known ones only)
+    memory_model: Any = None                     # memory.Model
     expect: "Expectation | None" = None  # --expect-step / --expect-tracker: the job's resume target
 
     def has_checkpoint(self, node: str) -> bool:
@@ -141,6 +145,9 @@ class Preflight:
             out.read_model = "resharded: Shard(0) overlap" if rs.resharded else "saved ranks"
             out.saved_world = rs.saved_world
             files_by_rank = {r: rs.files(r) for r in self.ranks_checked()}
+            for node in self.nodes_checked:
+                per = [rs.load_bytes(r) for r in self.alloc.ranks_of(node)]
+                out.load[node] = (sum(b for b, _ in per), sum(p for _, p in per))
             if rs.saved_world and rs.saved_world > world:
                 out.extra_ranks = list(range(world, rs.saved_world))
         elif fam.rank_map == "megatron-legacy-grid":

@@ -34,9 +34,29 @@ class ReadSets:
     need: dict[str, int] = field(default_factory=dict)
     resharded: bool = False
     saved_world: int | None = None
+    # bytes each rank loads (records it reads, a resharded chunk by the fraction its rows overlap)
+    # and the same rounded up per record to a power of two (the pinned host buffers' allocator)
+    every_rank_bytes: int = 0
+    every_rank_pinned: int = 0
+    bytes_by_rank: dict[int, int] = field(default_factory=dict)
+    pinned_by_rank: dict[int, int] = field(default_factory=dict)
 
     def files(self, rank: int) -> set[str]:
         return self.every_rank | self.by_rank.get(rank, set())
+
+    def load_bytes(self, rank: int) -> tuple[int, int]:
+        """(bytes, pinned bytes) rank `rank` loads."""
+        return (self.every_rank_bytes + self.bytes_by_rank.get(rank, 0),
+                self.every_rank_pinned + self.pinned_by_rank.get(rank, 0))
+
+    def _add(self, rank: int, nbytes: int) -> None:
+        self.bytes_by_rank[rank] = self.bytes_by_rank.get(rank, 0) + nbytes
+        self.pinned_by_rank[rank] = self.pinned_by_rank.get(rank, 0) + pow2(nbytes)
+
+
+def pow2(n: int) -> int:
+    """The power of two at or above n (the CUDA caching host allocator's block size)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
 
     def ranks_reading(self, world: int) -> dict[int, set[str]]:
         return {r: self.files(r) for r in range(world)}
@@ -63,6 +83,8 @@ def plan(md: DcpMetadata, world: int, listed: set[str], ranks: list[int] | None 
         info = md.tensors.get(s.fqn)
         if info is None or _whole(info, s.offset):
             out.every_rank.add(s.relative_path)  # bytes item or an item saved whole
+            out.every_rank_bytes += s.length
+            out.every_rank_pinned += pow2(s.length)
             continue
         chunks_of.setdefault(s.fqn, []).append(s)
     for fqn, recs in chunks_of.items():
@@ -72,8 +94,11 @@ def plan(md: DcpMetadata, world: int, listed: set[str], ranks: list[int] | None 
                 m = SHARD_RANK.match(s.relative_path)
                 if m is None:  # a file not named by rank (another writer): every rank may need it
                     out.every_rank.add(s.relative_path)
+                    out.every_rank_bytes += s.length
+                    out.every_rank_pinned += pow2(s.length)
                 elif int(m.group(1)) in want:
                     out.by_rank.setdefault(int(m.group(1)), set()).add(s.relative_path)
+                    out._add(int(m.group(1)), s.length)
             continue
         rows = info.size[0] if info.size else 1
         per = -(-rows // world) or 1
@@ -83,6 +108,8 @@ def plan(md: DcpMetadata, world: int, listed: set[str], ranks: list[int] | None 
             z = sizes.get(off)
             if not off or z is None or not z:
                 out.every_rank.add(s.relative_path)
+                out.every_rank_bytes += s.length
+                out.every_rank_pinned += pow2(s.length)
                 continue
             lo, hi = off[0], off[0] + z[0]
             if hi <= lo:
@@ -90,6 +117,8 @@ def plan(md: DcpMetadata, world: int, listed: set[str], ranks: list[int] | None 
             for r in range(lo // per, min(world, -(-hi // per))):
                 if r in want:
                     out.by_rank.setdefault(r, set()).add(s.relative_path)
+                    rows = min(hi, (r + 1) * per) - max(lo, r * per)
+                    out._add(r, s.length * rows // (hi - lo))
     return out
 
 

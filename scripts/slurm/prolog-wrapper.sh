@@ -27,7 +27,7 @@ case " $comment " in *" fresh "*) fresh=(--allow-fresh) ;; esac
 node=${SLURMD_NODENAME:-$(/bin/hostname -s)}
 out=$(/usr/bin/timeout "$TIMEOUT" "$CKPTDOCTOR" preflight --local "${loc//\{node\}/$node}" \
       --nodelist "${SLURM_JOB_NODELIST:-$SLURM_NODELIST}" --ranks-per-node "$rpn" --quiet \
-      --format json "${fresh[@]}" 2>&1)
+      --format json --timeout "$((TIMEOUT > 2 ? TIMEOUT - 1 : 1))" "${fresh[@]}" 2>&1)
 rc=$?
 if [ "$rc" -ne 0 ]; then
   reason=$(printf '%s' "$out" | /usr/bin/python3 -c '
