@@ -73,6 +73,26 @@ def structural(files=512, entries=200_000):
     shutil.rmtree(d)
 
 
+def readsets(files=512, entries=200_000, nodes=64, per_node=8):
+    """preflight's read sets (issue 14) vs the structural verify of the same checkpoint: a 512-rank
+    FSDP-style save (every tensor row-sharded over all ranks, one file per rank) plus a few
+    replicated tensors, judged for 64 nodes x 8 ranks.  Goal: <= 2x verify."""
+    from ckptdoctor.layouts import dcp_writer as W
+    d = tempfile.mkdtemp(prefix="ckd-bench-rs-")
+    tensors = entries // files
+    items = [W.Item(f"layers.{t}.w", (files, 1), (r, 0), (1, 1), [0.5], rank=r)
+             for t in range(tensors - 8) for r in range(files)]
+    items += [W.Item(f"norm.{t}", (1, 1), (0, 0), (1, 1), [1.0], rank=t % files) for t in range(8 * files)]
+    t = time.perf_counter()
+    W.write(d, items)
+    print(f"built {len(items)} entries in {files} files in {time.perf_counter() - t:.1f}s")
+    pre = CKD + ["preflight", d, "--nodelist", f"node[001-{nodes:03d}]", "--ranks-per-node", str(per_node)]
+    rows = [("ckptdoctor verify (structural)", timeit(CKD + ["verify", d], 3)),
+            (f"ckptdoctor preflight, {nodes} nodes x {per_node} ranks", timeit(pre, 3))]
+    table(rows, "ckptdoctor verify (structural)")
+    shutil.rmtree(d)
+
+
 def publish(files=16, mb=256, runs=3):
     """publish (verify + copy + hash + fsync + manifest + rename + tracker) vs `cp -r` + `sync`.
     Throughput ratio = cp time / publish time (>= 0.8 is the target)."""
@@ -128,8 +148,8 @@ def preflight_local(ckpts=20, ranks=8):
 
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "all"
-    for name, fn in (("startup", startup), ("structural", structural), ("publish", publish),
-                     ("preflight", preflight_local)):
+    for name, fn in (("startup", startup), ("structural", structural), ("readsets", readsets),
+                     ("publish", publish), ("preflight", preflight_local)):
         if what in (name, "all"):
             print(f"\n## {name}\n")
             fn()

@@ -368,7 +368,7 @@ def reconcile(
 
 @app.command(rich_help_panel="Inspection")
 def preflight(
-    location: str = typer.Argument(..., help="Checkpoint directory or run root (path or fsspec URL); a "
+    location: Optional[str] = typer.Argument(None, help="Checkpoint directory or run root (path or fsspec URL); a "
                                    "{node} placeholder gives each node's node-local copy, e.g. "
                                    "/mnt/{node}/nvme/run7 or sftp://{node}/nvme/run7."),
     nodelist: Optional[str] = typer.Option(None, "--nodelist", help="Slurm hostlist of the new allocation, "
@@ -385,6 +385,9 @@ def preflight(
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds the storage has to answer; past "
                                             "it, exit 75 (requeue held) instead of hanging [default: 8 with --local, "
                                             "below Slurm's 10 s MessageTimeout; else none]. 0: no deadline."),
+    views: Optional[List[str]] = typer.Option(None, "--views", help="Judge the whole allocation from every node's "
+                                              "`preflight --local --format json` report (instead of LOCATION): a "
+                                              "directory of them (*.json) or one file; repeatable."),
     mem_per_node: Optional[str] = typer.Option(None, "--mem-per-node", help="Host memory per node for the "
                                                "budget (CKD410), e.g. 512G [default: $SLURM_MEM_PER_NODE, "
                                                "scontrol RealMemory, or /proc/meminfo and cgroup with --local]."),
@@ -409,6 +412,21 @@ def preflight(
     if node and not local:
         raise UsageError("--node only makes sense with --local")
     c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet, verbose, color)
+    if views:
+        if location or local:
+            raise UsageError("--views judges node reports: give no LOCATION and no --local")
+        from .commands import views as vflow
+        from .slurm.hostlist import HostlistError, expand
+        eng = _engine("preflight", "allocation", c)
+        nl = nodelist or os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+        try:
+            vflow.judge(vflow.report_files(list(views)), eng, expand(nl) if nl else None)
+        except HostlistError as exc:
+            raise UsageError(f"--nodelist {nl!r}: {exc}") from None
+        _finish(eng, format)
+        return
+    if not location:
+        raise UsageError("preflight needs LOCATION (or --views REPORT...)")
     from .commands import contract as cflow
     from .commands.deadline import bounded
     expect = flow.expectation(expect_step, expect_tracker, location)

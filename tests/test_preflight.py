@@ -3,6 +3,7 @@ hostlist expander.  The real-Slurm tests are in test_slurm.py."""
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -441,3 +442,50 @@ def test_memory_model_is_configurable(four, tmp_path):
                        "--config", cfg)
     d = assert_fires_json(rep, "CKD410")[0]["details"]
     assert d["peak_bytes"] == 2 * d["load_bytes"] and d["pinned_model"] is False and d["copy_factor"] == 2.0
+
+
+# ---- whole-allocation agreement from every node's view (issue 14) --------------------------------
+def _views(root, nodes, tmp_path, *extra):
+    out = []
+    for n in nodes:
+        env = {"SLURM_JOB_NODELIST": f"n[1-{len(nodes)}]", "SLURM_NTASKS_PER_NODE": "2", "SLURMD_NODENAME": n}
+        rc, o, err = cli("preflight", "--local", str(root / n / "run7"), "-f", "json", *extra, env=env)
+        p = tmp_path / f"{n}.json"
+        p.write_text(o)
+        out.append(str(p))
+    return out
+
+
+def test_views_agree_and_disagree(four, tmp_path):
+    src, root = four
+    spread(src, root, ["n1", "n2"], 2)
+    spread(src, root, ["n1", "n2"], 2, name="iter_0000200", tracker="200")
+    files = _views(root, ["n1", "n2"], tmp_path)
+    rc, out, err = cli("preflight", "--views", str(tmp_path), "--nodelist", "n[1-2]", "-f", "json")  # a directory
+    doc = json.loads(out)
+    assert rc == 0 and doc["findings"] == [] and doc["facts"]["resume_from"] == "iter_0000200", doc
+    (root / "n2" / "run7" / TRACKER).write_text("100")  # each node is fine alone ...
+    files = _views(root, ["n1", "n2"], tmp_path)
+    for f in files:
+        assert not [x for x in json.loads(Path(f).read_text())["findings"] if x["severity"] == "error"]
+    rc, out, err = cli("preflight", "--views", files[0], "--views", files[1], "--nodelist", "n[1-2]", "-f", "json")
+    hit = assert_fires_json(json.loads(out), "CKD404")[0]  # ... together they would split the job
+    assert rc == 1 and hit["details"]["resume_from"] == {"n1": "iter_0000200", "n2": "iter_0000100"}
+
+
+def test_views_a_fresh_node_among_resuming_ones_and_a_silent_node(four, tmp_path):
+    src, root = four
+    spread(src, root, ["n1", "n2"], 2)
+    (root / "n3" / "run7").mkdir(parents=True)
+    files = _views(root, ["n1", "n2", "n3"], tmp_path, "--allow-fresh")  # n3 alone passes with --allow-fresh
+    assert json.loads(Path(files[2]).read_text())["findings"] == []
+    rc, out, err = cli("preflight", "--views", str(tmp_path), "--nodelist", "n[1-3]", "-f", "json")
+    hit = assert_fires_json(json.loads(out), "CKD409")[0]
+    assert rc == 1 and hit["details"]["node"] == "n3" and hit["details"]["ranks"] == [4, 5]
+    Path(files[1]).write_text("")  # n2's preflight died before writing its report
+    rc, out, err = cli("preflight", "--views", str(tmp_path), "--nodelist", "n[1-3]", "-f", "json")
+    rules = {f["rule"] for f in json.loads(out)["findings"]}
+    assert rc == 1 and {"CKD407", "CKD409"} <= rules and "Traceback" not in err
+    rc, out, err = cli("preflight", "--views", files[0], "--nodelist", "n[1-3]", "-f", "json")
+    missing = [f["details"].get("node") for f in json.loads(out)["findings"] if f["rule"] == "CKD407"]
+    assert rc == 1 and missing == ["n2", "n3"]

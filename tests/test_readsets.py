@@ -108,3 +108,21 @@ def test_findings_name_node_ranks_and_the_files_they_lack(saves, tmp_path):
     (f,) = [f for f in doc["findings"] if f["rule"] == "CKD401"]
     assert f["details"]["node"] == "n1" and f["details"]["ranks"] == [0]
     assert f["details"]["files"] == ["__1_0.distcp"] and "__1_0.distcp exists on n2" in f["hint"]
+
+
+def test_per_rank_metadata_without_a_global_one(fixture_root, tmp_path):
+    """A use_collectives=False save has only __{rank}.metadata files: torch 2.13 loads each rank
+    from its own (no false alarm for the missing .metadata), and a rank whose file is gone fails."""
+    src = fixture_root / "dcp_nocoll"
+    assert not (src / ".metadata").exists()
+    root = tmp_path / "nodes"
+    for i, n in enumerate(["n1", "n2"]):
+        (root / n).mkdir(parents=True)
+        for f in src.iterdir():
+            if int(f.name[2:].split(".")[0].split("_")[0]) // 2 == i:  # __R.metadata and __R_0.distcp
+                shutil.copy2(f, root / n / f.name)
+    said, doc = _preflight_failing_ranks(root, ["n1", "n2"], 2)
+    assert said == set() == _load_failing_ranks(root, ["n1", "n2"], 2, tmp_path), doc["findings"]
+    os.remove(root / "n2" / "__3_0.distcp")
+    said, doc = _preflight_failing_ranks(root, ["n1", "n2"], 2)
+    assert said == {3} == _load_failing_ranks(root, ["n1", "n2"], 2, tmp_path), doc["findings"]

@@ -175,3 +175,24 @@ def test_a_declared_fresh_start_runs_on_empty_disks(lab, tmp_path):
         if want_rc:
             assert "CKD409" in out.read_text() and os.listdir(trained) == []
     assert sorted(os.listdir(trained)) == [f"rank.{i}" for i in range(6)]
+
+
+def test_first_step_judges_the_whole_allocation_from_every_nodes_view(lab, nodes_root, tmp_path):
+    """Each node alone is fine; together they would resume from different checkpoints."""
+    for n in slurm_lab.NODES:  # a newer checkpoint everywhere, but n3's tracker still names the old one
+        shutil.copytree(nodes_root / n / "run7" / "iter_0000100", nodes_root / n / "run7" / "iter_0000200")
+        (nodes_root / n / "run7" / "latest_checkpointed_iteration.txt").write_text("200")
+    (nodes_root / "n3" / "run7" / "latest_checkpointed_iteration.txt").write_text("100")
+    scratch = tmp_path / "views"
+    scratch.mkdir()
+    os.chmod(scratch, 0o777)
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    os.chmod(tmp_path, 0o755)
+    out = tmp_path / "views.out"
+    body = f"export CKPTDOCTOR_VIEWS_DIR={scratch}\n" + _train_body(nodes_root, trained)
+    job = _job(tmp_path, body, opts=["-N3", "--ntasks-per-node=2", f"-o {out}"])
+    r = lab.run(["sbatch", "--wait", str(job)], timeout=120)
+    text = out.read_text()
+    assert r.returncode != 0 and os.listdir(trained) == [], text
+    assert "CKD404" in text and "n3: iter_0000100" in text, text

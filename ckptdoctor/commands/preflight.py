@@ -144,6 +144,13 @@ def run(location: str, engine: Engine, alloc: Allocation, local: bool = False, n
     rep.facts["resume_from"] = pf.target
     rep.facts["newest_reachable"] = pf.newest_reachable()
     rep.facts["local"] = me
+    if me:  # what `preflight --views` needs from this node for the whole-allocation judgement
+        v = views[me]
+        rep.facts["view"] = {"node": me, "location": v.location, "ranks": alloc.ranks_of(me), "kind": v.kind,
+                             "problem": v.problem, "absent": v.absent, "tracker": v.tracker,
+                             "resume_from": pf.target, "resume_step": pf.target_step,
+                             "checkpoints": {n: c.step for n, c in v.checkpoints.items()},
+                             "nodelist": compress(alloc.nodes)}
     return pf
 
 

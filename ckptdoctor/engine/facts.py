@@ -82,6 +82,8 @@ class PreflightFacts(Facts):
     newest_reachable: Any = UNSET
     local: Any = UNSET
     contract: Any = UNSET             # the run contract, when the run root has one
+    view: Any = UNSET                 # --local: this node's view, for `preflight --views`
+    views: Any = UNSET                # --views: how many node views were judged, and from where
 
 
 @dataclass

@@ -106,15 +106,15 @@ class Preflight:
     def _copies(self, name: str) -> dict[str, Ckpt]:
         return {n: self.views[n].checkpoints[name] for n in self.nodes_checked if name in self.views[n].checkpoints}
 
-    def _metadata(self, name: str, copies: dict[str, Ckpt]):
-        """The checkpoint's `.metadata`, parsed once from the first node that has it (None when no
-        node has a readable one: verify reports it, CKD110)."""
+    def _metadata(self, name: str, copies: dict[str, Ckpt], file: str = ".metadata"):
+        """The checkpoint's `.metadata` (or another metadata file), parsed from the first node that
+        has it (None when no node has a readable one: verify reports it, CKD110)."""
         if not self.parse_metadata:
             return None
         for node, ck in copies.items():
-            if ".metadata" in ck.files:
+            if file in ck.files:
                 v = self.views[node]
-                rel = f"{name}/.metadata" if name else ".metadata"
+                rel = f"{name}/{file}" if name else file
                 try:
                     return dcp_reader.parse(v.storage.read(rel, 2 << 30))
                 except Exception:  # noqa: BLE001 - verify reports unreadable metadata (CKD110)
@@ -140,7 +140,21 @@ class Preflight:
             end = s.file_offset + s.length
             if end > need.get(s.relative_path, 0):
                 need[s.relative_path] = end
-        if md is not None and fam.plan == "dcp-metadata":
+        rank_mds = {int(m.group("rank")): rel for rel in union if (m := dcp_reader.RANK_METADATA_RE.match(rel))}
+        per_rank_fallback = fam.plan == "dcp-metadata" and ".metadata" not in union and bool(rank_mds)
+        if per_rank_fallback:
+            # no global .metadata anywhere: torch 2.13 falls back to each rank's __{rank}.metadata
+            # (a use_collectives=False save); rank r reads that file and what it names
+            out.read_model = "per-rank metadata"
+            for r in self.ranks_checked():
+                files_by_rank[r] = {f"__{r}.metadata"}
+                rmd = self._metadata(name, copies, f"__{r}.metadata")
+                for s in rmd.storage if rmd is not None else ():
+                    files_by_rank[r].add(s.relative_path)
+                    end = s.file_offset + s.length
+                    if end > need.get(s.relative_path, 0):
+                        need[s.relative_path] = end
+        elif md is not None and fam.plan == "dcp-metadata":
             rs = readsets.plan(md, world, set(union), self.ranks_checked())
             out.read_model = "resharded: Shard(0) overlap" if rs.resharded else "saved ranks"
             out.saved_world = rs.saved_world
@@ -187,7 +201,8 @@ class Preflight:
             if self.alloc.ranks_of(node) == [] and not self.local:
                 continue
             ck = copies.get(node)
-            for g in list(fam.global_files) + sorted(present_anywhere):
+            globals_ = [g for g in fam.global_files if not (per_rank_fallback and g == ".metadata")]
+            for g in globals_ + sorted(present_anywhere):
                 if ck is None or g not in ck.files or not self._readable(node, name, g):
                     out.global_missing.append(Gap(node, name, self._show(node, name, g), g,
                                                   self.alloc.ranks_of(node),

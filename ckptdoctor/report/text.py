@@ -202,4 +202,6 @@ def _preflight(con, facts) -> None:
     con.print(Text(f"framework will resume from: {rf if rf else ('this checkpoint' if rf == '' else 'nothing')}",
                    style="bold"))
     who = "this node's ranks" if facts.get("local") else "every rank"
-    con.print(Text(f"newest checkpoint {who} can read: {facts.get('newest_reachable') or 'none'}", style="bold"))
+    nr = facts.get("newest_reachable")
+    con.print(Text(f"newest checkpoint {who} can read: {nr if nr else ('this checkpoint' if nr == '' else 'none')}",
+                   style="bold"))

@@ -8,6 +8,8 @@
 #   srun python train.py
 #
 # LOCATION may contain {node}: each node checks its own copy ({node} -> $SLURMD_NODENAME).
+# With CKPTDOCTOR_VIEWS_DIR set to a directory on shared storage, the nodes' views are also judged
+# together (preflight --views): nodes that disagree on the resume target stop the job too.
 # A node whose node-local run directory is empty or missing (a replacement node) stops the job
 # (CKD409); a job that really starts from scratch passes --allow-fresh after LOCATION.
 # Ranks per node come from the job ($SLURM_NTASKS_PER_NODE), captured before the one-task step
@@ -19,10 +21,25 @@ shift
 ckd=${CKPTDOCTOR:-ckptdoctor}
 rpn=${CKPTDOCTOR_RANKS_PER_NODE:-${SLURM_NTASKS_PER_NODE:-${SLURM_TASKS_PER_NODE:-1}}}
 export CKD_LOC="$loc" CKD_BIN="$ckd" CKD_RPN="$rpn"
-srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c \
-  '"$CKD_BIN" preflight --local "${CKD_LOC//\{node\}/$SLURMD_NODENAME}" --ranks-per-node "$CKD_RPN" "$@"' \
-  ckptdoctor-preflight "$@"
-rc=$?
+if [ -n "${CKPTDOCTOR_VIEWS_DIR:-}" ]; then
+  # Whole-allocation agreement: every node writes its view to shared storage, then one judgement
+  # over all of them (nodes that would resume from different checkpoints, a node with nothing
+  # while others have a checkpoint, a node that sent no view).
+  export CKD_VIEWS="$CKPTDOCTOR_VIEWS_DIR/${SLURM_JOB_ID:-job}"
+  rm -rf "$CKD_VIEWS" && mkdir -p "$CKD_VIEWS" || exit 2
+  srun --ntasks-per-node=1 bash -c \
+    '"$CKD_BIN" preflight --local "${CKD_LOC//\{node\}/$SLURMD_NODENAME}" --ranks-per-node "$CKD_RPN" \
+       --format json "$@" > "$CKD_VIEWS/$SLURMD_NODENAME.json"' ckptdoctor-preflight "$@"
+  node_rc=$?
+  "$ckd" preflight --views "$CKD_VIEWS" --nodelist "$SLURM_JOB_NODELIST"
+  rc=$?
+  [ "$rc" -ne 0 ] && [ "$node_rc" -eq 75 ] && rc=75
+else
+  srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c \
+    '"$CKD_BIN" preflight --local "${CKD_LOC//\{node\}/$SLURMD_NODENAME}" --ranks-per-node "$CKD_RPN" "$@"' \
+    ckptdoctor-preflight "$@"
+  rc=$?
+fi
 case $rc in
   0) exit 0 ;;
   75) echo "ckptdoctor preflight: storage unreachable; requeueing job $SLURM_JOB_ID held" >&2
