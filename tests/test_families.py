@@ -137,6 +137,7 @@ def test_deepspeed_rank_grid(tmp_path):
     rep = api.verify(str(run))
     msgs = [h.message for h in assert_fires(rep, "CKD122")]
     assert any("model-parallel rank 1" in m and "rank(s) 2 missing" in m for m in msgs)
+    assert any("bf16_zero_pp_rank_2_mp_rank_01_optim_states.pt" in m for m in msgs)  # the file is named
     assert any("empty" in m for m in msgs)
     assert rep.facts["newest_complete"] is None
     (run / "latest").write_text("global_step9")
@@ -172,6 +173,8 @@ def test_verl_run(tmp_path):
     assert_fires(rep, "CKD123", path_contains="global_step_40/data.pt")
     hits = assert_fires(rep, "CKD122", path_contains="global_step_40/actor")
     assert hits[0].details["missing_ranks"] == [1] and hits[0].details["kind"] == "optim"
+    assert hits[0].details["missing_files"] == ["actor/optim_world_size_2_rank_1.pt"]
+    assert "actor/optim_world_size_2_rank_1.pt" in hits[0].message
 
 
 # ---- NeMo-RL -------------------------------------------------------------------------------------------
@@ -253,3 +256,29 @@ def test_families_need_no_torch_to_verify(tmp_path):
         [dict(r, age_seconds=without["facts"]["checkpoints"][i]["age_seconds"])
          for i, r in enumerate(with_torch["facts"]["checkpoints"])]
     assert_fires(api.verify(str(run)), "CKD122", path_contains="actor")
+
+
+def test_trainer_deeper_checks(tmp_path):
+    """Issue 15: a checkpoint without optimizer.pt (siblings have it), a truncated trainer_state.json,
+    a global_step that is not the directory's N, and a missing per-process RNG file are all named."""
+    run = tmp_path / "out"
+    for s in (500, 1000, 1500, 2000):
+        trainer_ckpt(run / f"checkpoint-{s}", s)
+    for s in (500, 1000, 1500, 2000):  # a 2-process run: one RNG file per process
+        os.remove(run / f"checkpoint-{s}" / "rng_state.pth")
+        for r in range(2):
+            torch.save({"python": r}, run / f"checkpoint-{s}" / f"rng_state_{r}.pth")
+    assert_no_errors(api.verify(str(run)))
+    os.remove(run / "checkpoint-2000" / "optimizer.pt")
+    rep = api.verify(str(run))
+    hit = assert_fires(rep, "CKD123", path_contains="checkpoint-2000/optimizer.pt", severity="error")[0]
+    assert hit.details["peer"] == "checkpoint-1500"
+    raw = (run / "checkpoint-1500" / "trainer_state.json").read_bytes()
+    (run / "checkpoint-1500" / "trainer_state.json").write_bytes(raw[: len(raw) // 2])
+    assert_fires(api.verify(str(run)), "CKD126", path_contains="checkpoint-1500/trainer_state.json")
+    (run / "checkpoint-1000" / "trainer_state.json").write_text(json.dumps({"global_step": 900}))
+    hit = assert_fires(api.verify(str(run)), "CKD126", path_contains="checkpoint-1000")[0]
+    assert hit.details == {"file": "trainer_state.json", "global_step": 900, "directory_step": 1000}
+    os.remove(run / "checkpoint-500" / "rng_state_1.pth")
+    hit = assert_fires(api.verify(str(run)), "CKD123", path_contains="checkpoint-500", severity="warning")[0]
+    assert hit.details["missing_files"] == ["rng_state_1.pth"]

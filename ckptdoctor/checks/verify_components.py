@@ -18,13 +18,67 @@ def required_component_missing(ck, eng):
             yield Hit(ck.path(req), f"{req} is missing ({lay.title})", details={"file": req},
                       hint=_why_required(lay.name, req))
     opt = tuple(lay.extra.get("optimizer_files", ()))
-    if opt and ck.run is not None and not any(n in names for n in opt):
-        peers = [c.name for c in ck.run.checkpoints if c is not ck and c.layout is lay
-                 and any(f in c.files for f in opt)]
-        if peers:
-            yield Hit(ck.display, f"no optimizer state ({', '.join(opt)}) although {peers[-1]} has it: "
-                      f"resuming here restarts the optimizer", severity="warning",
-                      details={"missing": list(opt), "peer": peers[-1]})
+    # siblings of the same family whose commit markers are there (a broken sibling proves nothing)
+    peers = [c for c in ck.run.checkpoints if c is not ck and c.layout is lay
+             and all(c.matching(group) for group in lay.markers)] if ck.run is not None else []
+    for f in opt:  # each file the framework resumes optimizer/scheduler state from, by name
+        if f in names:
+            continue
+        having = [c.name for c in peers if f in c.files]
+        if having:
+            yield Hit(ck.path(f), f"{f} is missing although {having[-1]} has it: resuming here silently "
+                      f"restarts {'the optimizer state' if 'optim' in f else 'the LR schedule'}",
+                      details={"file": f, "peer": having[-1]},
+                      hint="a save that died before this file, or a copy that skipped it; resume from "
+                           f"{having[-1]} or restore the file")
+    rng = lay.extra.get("rng_files")
+    if rng:
+        yield from _rng_set(ck, re.compile(rng), peers)
+
+
+def _rng_set(ck, rx, peers):
+    """Trainer writes rng_state_{process}.pth for every process of a multi-process run: all of them,
+    and as many as the sibling checkpoints hold (a missing one: that process resumes with a fresh
+    RNG; transformers only logs it)."""
+    def ranks(c):
+        return {int(m.group("rank")) for n in c.files if (m := rx.match(n)) and m.group("rank") is not None}
+    mine = ranks(ck)
+    want = max([max(mine) + 1 if mine else 0] + [max(r) + 1 for r in map(ranks, peers) if r])
+    missing = [f"rng_state_{r}.pth" for r in range(want) if r not in mine]
+    if missing and want > 1:
+        yield Hit(ck.display, f"{len(missing)} of {want} per-process RNG files missing: {_files(missing)}",
+                  severity="warning", details={"missing_files": missing[:100], "processes": want},
+                  hint="those processes resume with a fresh RNG state: the data order and dropout differ "
+                       "from an uninterrupted run")
+
+
+@check("CKD126", "checkpoint")
+def trainer_state_invalid(ck, eng):
+    """trainer_state.json is the Trainer's commit marker and its resume state: it must parse, and
+    its global_step must be the N of checkpoint-N (a copy renamed to another step, a truncated
+    write)."""
+    lay = ck.layout
+    if lay is None or lay.name != "hf-trainer" or "trainer_state.json" not in ck.files:
+        return
+    import json
+    try:
+        doc = json.loads(ck.storage.read(ck.relpath("trainer_state.json"), 256 << 20))
+    except (ValueError, RecursionError) as exc:
+        yield Hit(ck.path("trainer_state.json"), f"trainer_state.json is not valid JSON ({str(exc)[:80]}): "
+                  f"Trainer cannot resume from this checkpoint", details={"file": "trainer_state.json"},
+                  hint="a write cut short; resume from an earlier checkpoint")
+        return
+    except OSError:
+        return  # CKD901 / CKD123 report unreadable or missing files
+    step = doc.get("global_step") if isinstance(doc, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool):
+        yield Hit(ck.path("trainer_state.json"), "trainer_state.json has no integer global_step",
+                  details={"file": "trainer_state.json", "global_step": step})
+    elif ck.step is not None and step != ck.step:
+        yield Hit(ck.path("trainer_state.json"), f"trainer_state.json says global_step {step}, but the "
+                  f"directory is {ck.name}: Trainer would resume at step {step}",
+                  details={"file": "trainer_state.json", "global_step": step, "directory_step": ck.step},
+                  hint="a checkpoint copied or renamed to another step; rename it back or resume elsewhere")
 
 
 def _why_required(layout: str, name: str) -> str:
@@ -46,11 +100,13 @@ def rank_set_incomplete(ck, eng):
 def _deepspeed(ck, lay):
     grid_re, model_re = re.compile(lay.extra["grid"]), re.compile(lay.extra["model"])
     grid: dict[int, set[int]] = {}
+    example: dict[int, str] = {}  # mp -> one of its partition files, to name the missing ones
     models = set()
-    for n, e in ck.files.items():
+    for n, e in sorted(ck.files.items()):
         m = grid_re.match(n)
         if m:
             grid.setdefault(int(m.group("mp")), set()).add(int(m.group("dp")))
+            example.setdefault(int(m.group("mp")), n)
         mm = model_re.match(n)
         if mm:
             models.add(int(mm.group("mp")))
@@ -64,9 +120,11 @@ def _deepspeed(ck, lay):
         have = grid.get(mp, set())
         missing = sorted(set(range(want)) - have)
         if missing:
+            ex = example.get(mp) or f"zero_pp_rank_0_mp_rank_{mp:02d}_optim_states.pt"
+            files = [re.sub(r"zero_pp_rank_\d+_", f"zero_pp_rank_{dp}_", ex, count=1) for dp in missing]
             yield Hit(ck.display, f"model-parallel rank {mp}: ZeRO optimizer files of data-parallel rank(s) "
-                      f"{_list(missing)} missing (have {len(have)} of {want})",
-                      details={"mp": mp, "missing_dp": missing, "dp_world": want},
+                      f"{_list(missing)} missing (have {len(have)} of {want}): {_files(files)}",
+                      details={"mp": mp, "missing_dp": missing, "dp_world": want, "missing_files": files[:100]},
                       hint="zero_to_fp32 and load_checkpoint need every partition: copy the missing files "
                            "or resume from another tag")
     for mp in sorted(set(grid) - models):
@@ -84,12 +142,14 @@ def _verl(ck, lay):
         except OSError:
             continue
         kinds: dict[str, dict[int, int]] = {}
+        example: dict[str, tuple[str, str]] = {}  # kind -> (a file of it, its rank digits)
         world = set()
         for e in entries:
             m = rx.match(e.name)
             if not m or e.is_dir:
                 continue
             kinds.setdefault(m.group("kind"), {})[int(m.group("rank"))] = e.size
+            example.setdefault(m.group("kind"), (e.name, m.group("rank")))
             world.add(int(m.group("world")))
             if e.size == 0:
                 yield Hit(ck.path(f"{comp}/{e.name}"), f"{comp}/{e.name} is empty (0 bytes)",
@@ -104,9 +164,18 @@ def _verl(ck, lay):
         for kind, ranks in sorted(kinds.items()):
             missing = sorted(set(range(w)) - set(ranks))
             if missing:
-                yield Hit(ck.path(comp), f"{comp}/{kind}: rank(s) {_list(missing)} of world size {w} missing",
-                          details={"component": comp, "kind": kind, "missing_ranks": missing, "world": w},
+                ex = example[kind][0]
+                files = [f"{comp}/" + re.sub(r"_rank_\d+\.pt$", f"_rank_{r}.pt", ex) for r in missing]
+                yield Hit(ck.path(comp), f"{comp}/{kind}: rank(s) {_list(missing)} of world size {w} missing: "
+                                         f"{_files(files)}",
+                          details={"component": comp, "kind": kind, "missing_ranks": missing, "world": w,
+                                   "missing_files": files[:100]},
                           hint="every rank 0..W-1 loads its own file; copy the missing ones or resume earlier")
+
+
+def _files(names: list[str]) -> str:
+    """The first five names, then how many more (every missing-file finding names them)."""
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
 def _list(xs: list[int]) -> str:
