@@ -161,3 +161,23 @@ def test_per_rank_metadata_variant_checks_shards(real):
     os.truncate(d / "__2_0.distcp", 10)
     rep = api.verify(str(d))
     assert_fires(rep, "CKD104", path_contains="__2_0.distcp")
+
+
+@pytest.mark.parametrize("late_s, padded_mib, severity", [
+    (30, 40, "warning"),     # 40 MiB written after the marker: a slow copy explains 30 s
+    (30, 0, "error"),        # a few KB cannot take 30 s to copy: the shard was re-saved
+    (3600, 40, "error"),     # an hour after the marker: a re-save that crashed before its new marker
+])
+def test_mixed_generations_are_errors_when_no_copy_explains_them(real, late_s, padded_mib, severity):
+    d = real("dcp_4rank")
+    m = (d / ".metadata").stat().st_mtime
+    for f in d.glob("__*_0.distcp"):
+        os.utime(f, (m - 10, m - 10))          # the other shards precede the marker
+    shard = d / "__3_0.distcp"
+    if padded_mib:
+        os.truncate(shard, padded_mib << 20)   # (sparse) bytes that a copy would have to write
+    os.utime(shard, (m + late_s, m + late_s))
+    rep = api.verify(str(d))
+    hit = assert_fires(rep, "CKD107", path_contains="__3_0.distcp", severity=severity)[0]
+    assert hit.details["bytes_after_marker"] == shard.stat().st_size
+    assert rep.failed() is (severity == "error")

@@ -143,6 +143,10 @@ def stray_shard(ck, eng):
                            "but it signals mixed generations")
 
 
+MIN_COPY_RATE = 1 << 20  # bytes/s: slower than any copy tool on any storage a training run uses
+COPY_SLACK_S = 5.0        # directory walks, metadata round trips, a paused copy
+
+
 @check("CKD107", "checkpoint")
 def marker_not_last(ck, eng):
     """A shard clearly newer than the marker means the directory was rewritten after commit."""
@@ -152,16 +156,29 @@ def marker_not_last(ck, eng):
     marker = next((ck.files[n] for n in ck.metadata_files() if n in ck.files), None)
     if marker is None or marker.mtime is None:
         return
+    md = _md(ck)
+    refs = {s.relative_path for s in md.storage} if md else None  # what dcp.load reads (CKD106: strays)
     late = [(n, e) for n, e in ck.files.items()
-            if SHARD_RE.match(n) and e.mtime is not None and e.mtime - marker.mtime > tol]
+            if SHARD_RE.match(n) and (refs is None or n in refs) and e.mtime is not None
+            and e.mtime - marker.mtime > tol]
     if late:
         late.sort(key=lambda t: -t[1].mtime)
         n, e = late[0]
+        gap = e.mtime - marker.mtime
+        # Could a copy that wrote the marker first explain the gap?  Everything written after the
+        # marker and up to this shard, at the slowest plausible copy rate, plus slack.
+        after = sum(f.size for f in ck.files.values() if f.mtime is not None and marker.mtime < f.mtime <= e.mtime)
+        explainable = after / MIN_COPY_RATE + COPY_SLACK_S
+        copy = gap <= explainable
         yield Hit(ck.path(n), f"{len(late)} shard(s) modified after the commit marker {marker.name} "
-                              f"(newest {n}, {e.mtime - marker.mtime:.1f} s later)",
+                              f"(newest {n}, {gap:.1f} s later" + (
+                                  ")" if copy else f"; the {after} bytes written after the marker would copy in "
+                                                   f"{explainable:.0f} s even at {MIN_COPY_RATE >> 20} MiB/s: a "
+                                                   f"re-save into the same directory, not a copy)"),
+                  severity="warning" if copy else "error",
                   details={"marker": marker.name, "files": sorted(x for x, _ in late)[:20],
-                           "max_seconds_after_marker": round(e.mtime - marker.mtime, 3),
-                           "tolerance_seconds": tol},
+                           "max_seconds_after_marker": round(gap, 3), "tolerance_seconds": tol,
+                           "bytes_after_marker": after, "copy_explains_up_to_seconds": round(explainable, 1)},
                   hint="the directory was written again after commit (mixed generations); if it was "
                        "copied without preserving mtimes, copy with `cp -a`/`rsync -t` or raise "
                        "--mtime-tolerance")
