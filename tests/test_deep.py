@@ -325,3 +325,12 @@ def test_damaged_archive_directories_give_one_line_not_a_traceback(trainer):
     rep = api.verify(str(trainer), deep=True)
     assert not [f for f in rep.findings if f.rule == "CKD900"]
     assert any("extra.pt" in f.path and f.rule in ("CKD132", "CKD117") for f in rep.findings)
+
+
+def test_deep_on_a_single_file_reads_only_that_file(trainer):
+    f = trainer / "optimizer.pt"
+    start, _ = _member(f, "/data/1")
+    _patch(trainer / "scheduler.pt", 0, b"\0")  # a broken neighbour is not this file's business
+    _patch(f, start, struct.pack("<I", 0x7FC00000))
+    rep = api.verify(str(f), deep=True)
+    assert {x.rule for x in rep.findings} >= {"CKD130"} and all("optimizer.pt" in x.path for x in rep.findings)

@@ -282,3 +282,56 @@ def test_trainer_deeper_checks(tmp_path):
     os.remove(run / "checkpoint-500" / "rng_state_1.pth")
     hit = assert_fires(api.verify(str(run)), "CKD123", path_contains="checkpoint-500", severity="warning")[0]
     assert hit.details["missing_files"] == ["rng_state_1.pth"]
+
+
+# ---- unknown is not broken (issue 15) -----------------------------------------------------------------
+def test_unknown_directory_gets_generic_checks_and_exits_0(tmp_path):
+    d = tmp_path / "exported"
+    d.mkdir()
+    torch.save({"w": torch.ones(3)}, d / "weights.pt")
+    torch.save({"epoch": 3, "state_dict": {"w": torch.ones(2)}}, d / "epoch=3-step=300.ckpt")
+    (d / "vocab.bin").write_bytes(b"\x01\x02" * 100)
+    rep = api.verify(str(d))
+    assert not rep.failed() and [f.rule for f in rep.findings] == ["CKD155"], rep.findings
+    raw = (d / "weights.pt").read_bytes()
+    (d / "weights.pt").write_bytes(raw[: len(raw) - 40])  # truncated: its zip directory is gone
+    assert_fires(api.verify(str(d)), "CKD117", path_contains="weights.pt")
+
+
+def test_a_single_file_is_verified_as_that_file(tmp_path):
+    from safetensors.torch import save_file
+    from helpers import cli
+    save_file({"w": torch.ones(4, 4)}, str(tmp_path / "model.safetensors"))
+    torch.save({"w": torch.ones(3)}, tmp_path / "last.ckpt")
+    (tmp_path / "other.pt").write_bytes(b"PK\x03\x04 broken")  # a neighbour: not judged
+    for f in ("model.safetensors", "last.ckpt"):
+        rc, out, err = cli("verify", "-f", "json", str(tmp_path / f))
+        doc = json.loads(out)
+        assert rc == 0 and not [x for x in doc["findings"] if x["severity"] != "info"], (f, doc["findings"], err)
+    raw = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(raw[:-8])
+    rc, out, err = cli("verify", "-f", "json", str(tmp_path / "model.safetensors"))
+    assert rc == 1 and {x["rule"] for x in json.loads(out)["findings"]} == {"CKD120"}
+    rc, out, err = cli("verify", "-f", "json", str(tmp_path / "other.pt"))
+    assert rc == 1 and "other.pt" in json.loads(out)["findings"][0]["path"]
+
+
+def test_a_pickle_that_runs_code_is_named(tmp_path):
+    import pickle
+    import zipfile
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("true",))
+    d = tmp_path / "exported"
+    d.mkdir()
+    torch.save({"w": torch.ones(3)}, d / "ok.pt")
+    with zipfile.ZipFile(d / "optimizer.pt", "w") as z:  # a torch.save layout whose pickle calls os.system
+        z.writestr("archive/data.pkl", pickle.dumps({"state": Evil()}, protocol=2))
+        z.writestr("archive/version", "3\n")
+    hit = assert_fires(api.verify(str(d)), "CKD127", path_contains="optimizer.pt")[0]
+    assert any(g.endswith(".system") for g in hit.details["globals"])
+    with zipfile.ZipFile(d / "optimizer.pt", "w") as z:  # protocol 4: STACK_GLOBAL with memoised strings
+        z.writestr("archive/data.pkl", pickle.dumps([Evil(), Evil()], protocol=4))
+    assert_fires(api.verify(str(d)), "CKD127", path_contains="optimizer.pt")
+    assert "CKD127" not in api.verify(str(d / "ok.pt")).rules()

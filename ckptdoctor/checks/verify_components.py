@@ -208,3 +208,16 @@ def temp_leftover(run, eng):
         yield Hit(run.storage.show(name), f"staging leftover {name}: {why}", severity=sev,
                   details={"dir": name, "bytes": size, "age_seconds": round(age, 1) if age is not None else None},
                   hint="never resume from it; delete it once no process is writing it")
+
+
+@check("CKD155", "checkpoint")
+def no_family_matched(ck, eng):
+    if ck.layout is None or ck.layout.family != "generic":
+        return
+    kinds: dict[str, int] = {}
+    for n in ck.files:
+        ext = n.rsplit(".", 1)[-1] if "." in n else n
+        kinds[ext] = kinds.get(ext, 0) + 1
+    what = ", ".join(f"{k} .{e}" for e, k in sorted(kinds.items()))
+    yield Hit(ck.display, f"no checkpoint family matched {ck.display} ({what}): generic checks only",
+              details={"files": sorted(ck.files)[:50]})

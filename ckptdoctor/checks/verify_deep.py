@@ -103,7 +103,8 @@ def scan(ck, eng) -> DeepResult | None:
         return ck.results["deep"]
     res = ck.results["deep"] = DeepResult()
     try:
-        files = {n: s for n, s in walk_files(ck.storage, ck.rel).items() if n.endswith(TENSOR_SUFFIXES)}
+        files = {n: s for n, s in walk_files(ck.storage, ck.rel).items() if n.endswith(TENSOR_SUFFIXES)
+                 and (ck.only is None or n == ck.only)}
     except TreeLimit as exc:  # fail closed: what was not walked is not scanned
         eng.emit("CKD901", Hit(ck.display, f"--deep: {exc}", details={"limit": str(exc)}))
         return res

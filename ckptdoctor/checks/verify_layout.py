@@ -74,6 +74,74 @@ def pt_archive_corrupt(ck, eng):
                       hint="the file was truncated or overwritten; torch.load would fail on resume")
 
 
+# Globals a pickle can call to run code when it is loaded (torch.load(weights_only=False), the
+# default before torch 2.6 and what many resume paths still pass); data classes are not listed.
+CODE_GLOBALS = {"os", "posix", "nt", "subprocess", "sys", "importlib", "shutil", "socket", "pty", "runpy",
+                "code", "ctypes", "webbrowser", "pdb", "timeit", "marshal", "pickle", "commands", "platform"}
+CODE_NAMES = {("builtins", n) for n in ("eval", "exec", "compile", "__import__", "getattr", "setattr",
+                                        "delattr", "open", "input", "breakpoint", "globals", "vars")} | \
+    {("operator", n) for n in ("attrgetter", "methodcaller", "itemgetter")} | {("functools", "partial")}
+
+
+def pickle_code_globals(data: bytes, limit: int = 20) -> list[str]:
+    """module.name of every global in a pickle that would run code, read from its opcodes (nothing
+    is executed).  STACK_GLOBAL's operands are the strings pushed (or fetched from the memo) before it."""
+    import pickletools
+    found, strings, memo = [], [], {}
+    try:
+        for op, arg, _pos in pickletools.genops(data):
+            name = op.name
+            if name in ("GLOBAL", "INST"):
+                mod, _, attr = str(arg).partition(" ")
+                pair = (mod, attr)
+            elif name == "STACK_GLOBAL" and len(strings) >= 2:
+                pair = (strings[-2], strings[-1])
+            else:
+                pair = None
+                if isinstance(arg, str) and name.endswith("UNICODE") or name in ("SHORT_BINSTRING", "BINSTRING"):
+                    strings.append(str(arg))
+                elif name in ("BINPUT", "LONG_BINPUT", "PUT") and strings:
+                    memo[arg] = strings[-1]
+                elif name == "MEMOIZE" and strings:
+                    memo[len(memo)] = strings[-1]
+                elif name in ("BINGET", "LONG_BINGET", "GET") and arg in memo:
+                    strings.append(memo[arg])
+                del strings[:-4]
+            if pair and (pair[0].split(".")[0] in CODE_GLOBALS or pair in CODE_NAMES):
+                found.append(f"{pair[0]}.{pair[1]}")
+                if len(found) >= limit:
+                    break
+    except (ValueError, EOFError, UnicodeDecodeError, OverflowError, MemoryError):
+        pass  # a damaged pickle: CKD117 or the loader reports it; this rule only names code
+    return found
+
+
+@check("CKD127", "checkpoint")
+def pickle_runs_code(ck, eng):
+    """A torch.save archive whose pickle calls os.system, eval, subprocess...: loading it runs code."""
+    names = _archives(ck)
+    for name in names:
+        rel = ck.relpath(name)
+        try:
+            size = ck.storage.stat(rel).size
+            ms = ptzip.members(lambda off, n: ck.storage.read_range(rel, off, n), 0, size)
+        except (OSError, AttributeError, ptzip.ZipDirError):
+            continue  # CKD117 names a damaged archive; legacy pickles are not zip archives
+        pkl = next((m for m in ms if m.name.endswith("data.pkl") and m.method == 0), None)
+        if pkl is None or pkl.size > 256 << 20:
+            continue
+        try:
+            data = ck.storage.read_range(rel, pkl.start, pkl.size)
+        except OSError:
+            continue
+        bad = pickle_code_globals(data)
+        if bad:
+            yield Hit(ck.path(name), f"{name}: its pickle calls {', '.join(sorted(set(bad))[:5])}: loading it with "
+                                     f"torch.load(weights_only=False) runs that code", details={"file": name,
+                                                                                                "globals": bad},
+                      hint="do not load it; it was not written by a training framework (or was tampered with)")
+
+
 @check("CKD125", "checkpoint")
 def symlink_suspect(ck, eng):
     """Symlinks inside a checkpoint: loops and dangling links are unreadable files; links that

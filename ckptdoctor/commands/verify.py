@@ -48,9 +48,14 @@ def run(location: str, engine: Engine, layout: str | None = None, target: str = 
 
 def judge(location: str, engine: Engine, layout: str | None = None, target: str = "all"):
     """verify, returning (Report, the RunView or CheckpointView judged, or None)."""
-    st = open_location(location)
     rep = engine.report
-    found = locate(st, layout)
+    single = _single_file(location, layout)
+    if single is not None:  # one .safetensors / .pt / .ckpt file: judged as that file alone
+        found = single
+        st = single.checkpoint.storage
+    else:
+        st = open_location(location)
+        found = locate(st, layout)
     if found.kind is None:
         engine.emit("CKD902", Hit(path=st.display, message=found.misfit or "no known checkpoint layout here "
                                   "(no marker, shard, tracker or checkpoint directory recognised)",
@@ -86,6 +91,26 @@ def judge(location: str, engine: Engine, layout: str | None = None, target: str 
             if f.rule in ("CKD101", "CKD102") and not (f.hint or "").endswith("."):
                 f.hint = (f.hint + "; " if f.hint else "") + f"newest complete checkpoint: {newest.name}."
     return rep, runv
+
+
+SINGLE_FILES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt")
+
+
+def _single_file(location: str, layout: str | None):
+    """A local regular file with a checkpoint suffix: a view of its directory that holds only it."""
+    import os
+    from ..layouts import spec
+    from ..layouts.locate import Located
+    from ..layouts.model import CheckpointView
+    if "://" in location or not location.endswith(SINGLE_FILES) or not os.path.isfile(location):
+        return None
+    parent, name = os.path.split(os.path.abspath(location))
+    lay = spec.get(layout) if layout else spec.get("hf-safetensors" if name.endswith(".safetensors") else "generic")
+    view = CheckpointView(open_location(parent), "", lay)
+    view.only = name
+    view.name = name
+    view.display = view.storage.show(name)
+    return Located(checkpoint=view)
 
 
 def _gate_on_resume_target(runv: RunView) -> None:

@@ -42,6 +42,7 @@ class CheckpointView:
         self.display = storage.show(rel)
         self.name = rel.rsplit("/", 1)[-1] if rel else storage.display.rstrip("/").rsplit("/", 1)[-1]
         self.results: dict[str, Any] = {}  # per-view results shared by the checks of one area
+        self.only: str | None = None  # `verify FILE`: the one entry this view holds
 
     def __str__(self):
         return self.display
@@ -54,7 +55,7 @@ class CheckpointView:
 
     @functools.cached_property
     def entries(self) -> dict[str, Entry]:
-        return {e.name: e for e in self.storage.listdir(self.rel)}
+        return {e.name: e for e in self.storage.listdir(self.rel) if self.only is None or e.name == self.only}
 
     @property
     def files(self) -> dict[str, Entry]:
