@@ -289,7 +289,7 @@ def test_unknown_directory_gets_generic_checks_and_exits_0(tmp_path):
     d = tmp_path / "exported"
     d.mkdir()
     torch.save({"w": torch.ones(3)}, d / "weights.pt")
-    torch.save({"epoch": 3, "state_dict": {"w": torch.ones(2)}}, d / "epoch=3-step=300.ckpt")
+    torch.save({"epoch": 3, "state_dict": {"w": torch.ones(2)}}, d / "ema.pth")
     (d / "vocab.bin").write_bytes(b"\x01\x02" * 100)
     rep = api.verify(str(d))
     assert not rep.failed() and [f.rule for f in rep.findings] == ["CKD155"], rep.findings

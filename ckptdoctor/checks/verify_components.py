@@ -33,10 +33,10 @@ def required_component_missing(ck, eng):
                            f"{having[-1]} or restore the file")
     rng = lay.extra.get("rng_files")
     if rng:
-        yield from _rng_set(ck, re.compile(rng), peers)
+        yield from _rng_set(ck, re.compile(rng), peers, lay.extra.get("rng_name", "rng_state_{rank}.pth"))
 
 
-def _rng_set(ck, rx, peers):
+def _rng_set(ck, rx, peers, fmt: str):
     """Trainer writes rng_state_{process}.pth for every process of a multi-process run: all of them,
     and as many as the sibling checkpoints hold (a missing one: that process resumes with a fresh
     RNG; transformers only logs it)."""
@@ -44,7 +44,7 @@ def _rng_set(ck, rx, peers):
         return {int(m.group("rank")) for n in c.files if (m := rx.match(n)) and m.group("rank") is not None}
     mine = ranks(ck)
     want = max([max(mine) + 1 if mine else 0] + [max(r) + 1 for r in map(ranks, peers) if r])
-    missing = [f"rng_state_{r}.pth" for r in range(want) if r not in mine]
+    missing = [fmt.format(rank=r) for r in range(want) if r not in mine]
     if missing and want > 1:
         yield Hit(ck.display, f"{len(missing)} of {want} per-process RNG files missing: {_files(missing)}",
                   severity="warning", details={"missing_files": missing[:100], "processes": want},
@@ -221,3 +221,54 @@ def no_family_matched(ck, eng):
     what = ", ".join(f"{k} .{e}" for e, k in sorted(kinds.items()))
     yield Hit(ck.display, f"no checkpoint family matched {ck.display} ({what}): generic checks only",
               details={"files": sorted(ck.files)[:50]})
+
+
+@check("CKD128", "checkpoint")
+def peft_adapter_mismatch(ck, eng):
+    """A LoRA adapter's tensors must be what its adapter_config.json says: lora_A is (r, in), lora_B
+    (out, r) with r from `r` or `rank_pattern`, on modules `target_modules` names."""
+    if ck.layout is None or ck.layout.family != "peft" or "adapter_config.json" not in ck.files \
+            or "adapter_model.safetensors" not in ck.files:
+        return
+    import json
+    from ..layouts import safetensors as stf
+    try:
+        cfg = json.loads(ck.storage.read(ck.relpath("adapter_config.json"), 16 << 20))
+    except (ValueError, RecursionError) as exc:
+        yield Hit(ck.path("adapter_config.json"), f"adapter_config.json is not valid JSON ({str(exc)[:80]})",
+                  details={"file": "adapter_config.json"})
+        return
+    except OSError:
+        return
+    if not isinstance(cfg, dict) or cfg.get("peft_type") != "LORA":
+        return  # other adapter types: the weights' names differ; only presence is checked
+    rel = ck.relpath("adapter_model.safetensors")
+    try:
+        hdr = stf.read_header(lambda off, n: ck.storage.read_range(rel, off, n), ck.files["adapter_model.safetensors"].size)
+    except (stf.HeaderError, OSError):
+        return  # CKD120 names it
+    r = cfg.get("r")
+    pattern = cfg.get("rank_pattern") or {}
+    targets = cfg.get("target_modules")
+    problems, modules = [], set()
+    for name, (_dt, shape, _b, _e) in sorted(hdr.tensors.items()):
+        for part, dim in ((".lora_A.", 0), (".lora_B.", 1)):
+            if part not in name:
+                continue
+            module = name.split(part, 1)[0]
+            modules.add(module)
+            want = next((v for k, v in pattern.items() if re.search(rf"(^|\.){re.escape(k)}$", module) or
+                         re.fullmatch(k, module)), r) if isinstance(pattern, dict) else r
+            if isinstance(want, int) and len(shape) == 2 and shape[dim] != want:
+                problems.append(f"{name} has rank {shape[dim]}, the config says {want}")
+    if not modules:
+        problems.append("adapter_model.safetensors holds no lora_A/lora_B tensors")
+    if isinstance(targets, list) and targets:
+        off = sorted(m for m in modules if m.rsplit(".", 1)[-1] not in targets)
+        if off:
+            problems.append(f"{len(off)} module(s) not in target_modules {targets}: {off[0]}")
+    for p in problems[:10]:
+        yield Hit(ck.path("adapter_model.safetensors"), f"adapter does not match adapter_config.json: {p}",
+                  details={"file": "adapter_model.safetensors", "r": r, "target_modules": targets},
+                  hint="the adapter and its config come from different saves; PeftModel.from_pretrained "
+                       "would fail or load the wrong shapes")
