@@ -1,7 +1,9 @@
 """verify on real torch DCP checkpoints: one broken variant per rule, healthy ones stay clean."""
 import os
 import pickle
+import shutil
 import time
+from pathlib import Path
 
 import pytest
 
@@ -181,3 +183,24 @@ def test_mixed_generations_are_errors_when_no_copy_explains_them(real, late_s, p
     hit = assert_fires(rep, "CKD107", path_contains="__3_0.distcp", severity=severity)[0]
     assert hit.details["bytes_after_marker"] == shard.stat().st_size
     assert rep.failed() is (severity == "error")
+
+
+def test_zstd_compressed_dcp_is_not_corrupt(tmp_path):
+    """Issue 15: torch's zstd storage extension writes zstd frames, not zip slices (12 false CKD105s
+    before); a damaged frame start is still named, and --deep says what it did not scan."""
+    d = tmp_path / "zst"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "zstd", d)
+    (d / "README.md").unlink()
+    rep = api.verify(str(d))
+    assert not rep.findings, [(f.rule, f.message) for f in rep.findings]
+    from ckptdoctor.layouts import dcp as D
+    md = D.parse((d / ".metadata").read_bytes())
+    assert all(s.transforms == ("stream.zstd/1",) for s in md.storage)
+    hit = assert_fires(api.verify(str(d), deep=True), "CKD901", path_contains="__0_0.distcp")[0]
+    assert hit.details["records"] == 3
+    w = next(s for s in md.storage if s.fqn == "w")
+    with open(d / "__0_0.distcp", "r+b") as fh:
+        fh.seek(w.file_offset)
+        fh.write(b"\0\0\0\0")
+    hit = assert_fires(api.verify(str(d)), "CKD105", path_contains="__0_0.distcp")[0]
+    assert hit.details["fqn"] == "w" and "zstd" in hit.message

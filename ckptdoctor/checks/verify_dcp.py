@@ -112,6 +112,11 @@ def slice_corrupt(ck, eng):
             for s in recs:
                 if s.file_offset + s.length > e.size:
                     continue  # CKD104 reports it
+                if s.transforms:  # a storage extension wrote it: check the transform's own framing
+                    why = ptzip.transformed_problem(s.transforms, os.pread(fd, 4, s.file_offset), s.length)
+                    if why:
+                        bad.append((s, why))
+                    continue
                 head = os.pread(fd, 4, s.file_offset)
                 tail = os.pread(fd, ptzip.EOCD_LEN, s.file_offset + s.length - ptzip.EOCD_LEN) \
                     if s.length >= ptzip.EOCD_LEN else b""

@@ -170,7 +170,7 @@ def _records(ck, name: str, size: int, covered: set[str], res: DeepResult, eng) 
             return [Record(name, t, base + b, base + e, d if d in FLOATS else None)
                     for t, (d, _s, b, e) in hdr.tensors.items() if e > b]
         if name.endswith(".distcp"):
-            return _dcp_records(ck, name, size, read, res)
+            return _dcp_records(ck, name, size, read, res, eng)
         head = read(0, 4) if size else b""
         if head != ptzip.LOCAL_HEADER:
             if size:  # a legacy pickle, or not torch's at all: its bytes cannot be judged
@@ -229,13 +229,21 @@ def _archive_records(name: str, size: int, read, covered: set[str], res: DeepRes
     return _member_records(name, "", ms, info_of)
 
 
-def _dcp_records(ck, name: str, size: int, read, res: DeepResult) -> list[Record]:
+def _dcp_records(ck, name: str, size: int, read, res: DeepResult, eng) -> list[Record]:
     md = ck.dcp.metadata
     if md is None:
         return []  # CKD101/CKD102 report the missing or unreadable metadata
     out: list[Record] = []
+    transformed = [s for s in md.storage if s.relative_path == name and s.transforms]
+    if transformed:  # compressed by a storage extension: not scanned here, and not passed either
+        res.skipped.append(name)
+        eng.emit("CKD901", Hit(ck.path(name), f"--deep: {len(transformed)} record(s) of {name} are written through "
+                                              f"{transformed[0].transforms[0]!r}; their bytes were not scanned",
+                               details={"file": name, "records": len(transformed),
+                                        "transform": transformed[0].transforms[0]},
+                               hint="structural checks validated their frames; --deep does not decompress"))
     for s in md.storage:
-        if s.relative_path != name or s.file_offset + s.length > size:
+        if s.relative_path != name or s.file_offset + s.length > size or s.transforms:
             continue  # CKD104 reports a record past the end of its file
         info = md.tensors.get(s.fqn)
         head = read(s.file_offset, 4)

@@ -35,6 +35,7 @@ class StorageEntry:
     relative_path: str
     file_offset: int
     length: int
+    transforms: tuple[str, ...] = ()  # storage extensions applied to the bytes (e.g. "stream.zstd/1")
 
 
 @dataclass
@@ -135,5 +136,11 @@ def _parse(data: bytes, into: DcpMetadata | None) -> DcpMetadata:
             raise MetadataError("storage record without an fqn")
         if ioff is not None and type(ioff) is not tuple:
             ioff = _ints(ioff, f"{fqn} storage offset")  # found by fuzzing: any object can sit here
-        append(StorageEntry(fqn, ioff, rel, off, length))
+        tds = ind.get("transform_descriptors")
+        if tds:
+            if not isinstance(tds, (list, tuple)) or not all(type(t) is str for t in tds):
+                raise MetadataError(f"bad transform descriptors for {fqn!r:.60}")
+            append(StorageEntry(fqn, ioff, rel, off, length, tuple(tds)))
+        else:
+            append(StorageEntry(fqn, ioff, rel, off, length))
     return md
