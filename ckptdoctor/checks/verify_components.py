@@ -18,9 +18,16 @@ def required_component_missing(ck, eng):
             yield Hit(ck.path(req), f"{req} is missing ({lay.title})", details={"file": req},
                       hint=_why_required(lay.name, req))
     opt = tuple(lay.extra.get("optimizer_files", ()))
-    # siblings of the same family whose commit markers are there (a broken sibling proves nothing)
-    peers = [c for c in ck.run.checkpoints if c is not ck and c.layout is lay
-             and all(c.matching(group) for group in lay.markers)] if ck.run is not None else []
+    # siblings of the same family whose commit markers are there (a broken or unreadable sibling
+    # proves nothing; CKD901 reports an unreadable one)
+    peers = []
+    for c in (ck.run.checkpoints if ck.run is not None else ()):
+        try:
+            if c is not ck and c.layout is lay and all(c.matching(group) for group in lay.markers):
+                c.files  # noqa: B018 - listed now, so the uses below cannot fail
+                peers.append(c)
+        except OSError:
+            continue
     for f in opt:  # each file the framework resumes optimizer/scheduler state from, by name
         if f in names:
             continue
