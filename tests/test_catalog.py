@@ -60,3 +60,33 @@ def test_family_step_names_and_trackers_round_trip():
             if l.tracker and l.tracker.content:
                 text = trackers.render(l, name).encode()
                 assert trackers.parse(l, text).target == name, (l.name, text)
+
+
+def test_compiled_yaml_cache_follows_the_yaml(tmp_path, monkeypatch):
+    """Start-up reads shipped YAML from a JSON cache keyed by the files' content: an edit is seen at
+    once, a damaged cache is rebuilt, an unwritable cache directory only costs time."""
+    from ckptdoctor.engine import yamlcache
+    root = tmp_path / "rules"
+    root.mkdir()
+    (root / "a.yaml").write_text("x: 1\nlist: [a, b]\n")
+    monkeypatch.setenv("CKPTDOCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(yamlcache, "_DOCS", {})
+    assert yamlcache.docs(root) == {"a.yaml": {"x": 1, "list": ["a", "b"]}}
+    (cache,) = (tmp_path / "cache").iterdir()
+    (root / "a.yaml").write_text("x: 2\n")
+    monkeypatch.setattr(yamlcache, "_DOCS", {})
+    assert yamlcache.docs(root) == {"a.yaml": {"x": 2}}
+    assert len(list((tmp_path / "cache").iterdir())) == 2
+    new = max((tmp_path / "cache").iterdir(), key=lambda p: p.stat().st_mtime_ns)
+    new.write_text("{damaged")
+    monkeypatch.setattr(yamlcache, "_DOCS", {})
+    assert yamlcache.docs(root) == {"a.yaml": {"x": 2}}
+    monkeypatch.setenv("CKPTDOCTOR_CACHE_DIR", "/proc/no-such-dir/cache")
+    monkeypatch.setattr(yamlcache, "_DOCS", {})
+    assert yamlcache.docs(root) == {"a.yaml": {"x": 2}}
+    (root / "b.yaml").write_text("2024-01-01: date key\n")  # not JSON-exact: parsed, not cached
+    monkeypatch.setenv("CKPTDOCTOR_CACHE_DIR", str(tmp_path / "cache2"))
+    monkeypatch.setattr(yamlcache, "_DOCS", {})
+    import datetime
+    assert yamlcache.docs(root)["b.yaml"] == {datetime.date(2024, 1, 1): "date key"}
+    assert not (tmp_path / "cache2").exists()

@@ -10,17 +10,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from .errors import UsageError
 
 ID_RE = re.compile(r"^CKD\d{3}$")
 NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 AREAS = {"1": "verify", "2": "publish", "3": "reconcile", "4": "preflight", "5": "resume", "9": "tool"}
 REQUIRED = ("id", "name", "severity", "subcommands", "summary", "why", "fix")
-
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
 
 def data_dir() -> Path:
     """rules/ in a source checkout, ckptdoctor/_rules in an installed wheel."""
@@ -31,9 +26,26 @@ def data_dir() -> Path:
     raise UsageError("ckptdoctor: cannot find the rules/ catalog next to the package")
 
 
+def parse_yaml(data: bytes):
+    import yaml  # only when the compiled cache (engine/yamlcache.py) cannot serve: ~25 ms of start-up
+    return yaml.load(data, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 def load_yaml(path: Path):
+    """A shipped YAML file, parsed (through the compiled cache); any other path is parsed directly.
+    The returned document is shared: callers read it, never change it."""
+    root = data_dir()
+    try:
+        rel = str(Path(path).resolve().relative_to(root.resolve()))
+    except ValueError:
+        rel = None
+    if rel is not None:
+        from . import yamlcache
+        doc = yamlcache.docs(root).get(rel, yamlcache.MISSING)
+        if doc is not yamlcache.MISSING:
+            return doc
     with open(path, "rb") as fh:
-        return yaml.load(fh, Loader=_Loader)
+        return parse_yaml(fh.read())
 
 
 @dataclass(frozen=True)
