@@ -296,9 +296,28 @@ def publish(
     from .commands import publish as flow
     c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet, verbose, color)
     eng = _engine("publish", src, c, {"workers": workers, "keep_last": keep_last, "keep_every": keep_every})
-    flow.run(src, dest_root, eng, name=name, force=force, replace=replace, tracker=tracker,
-             trust_manifest=trust_manifest,
-             keep_last=eng.opt("keep_last"), keep_every=eng.opt("keep_every"), workers=eng.opt("workers"))
+    import signal
+    from .publishing.copier import CANCEL
+
+    class Terminated(KeyboardInterrupt):
+        """SIGTERM (scancel, a preemption notice): handled like Ctrl-C, exit 143."""
+
+    def on_term(signum, frame):
+        CANCEL.set()
+        raise Terminated()
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        flow.run(src, dest_root, eng, name=name, force=force, replace=replace, tracker=tracker,
+                 trust_manifest=trust_manifest,
+                 keep_last=eng.opt("keep_last"), keep_every=eng.opt("keep_every"), workers=eng.opt("workers"))
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: copies stop at their next buffer, staging is removed
+        CANCEL.set()
+        term = isinstance(exc, Terminated)
+        _say(f"ckptdoctor: publish {'terminated' if term else 'interrupted'}: staging removed, nothing "
+             f"published, tracker untouched")
+        raise typer.Exit(143 if term else 130) from None
+    finally:
+        signal.signal(signal.SIGTERM, old)
     _finish(eng, format)  # refused = the source's error findings, so the exit status is 1
 
 

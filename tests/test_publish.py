@@ -448,3 +448,33 @@ def test_multi_chunk_files_hash_the_same_in_publish_and_verify(tmp_path):
     rc, rep = verify_json(dest)
     hits = assert_fires_json(rep, "CKD151", path_contains="optimizer_rank0.bin")
     assert hits[0]["details"]["range"] == [128 << 20, 130 << 20]
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupt_mid_copy_stops_at_once(tmp_path, sig, code):
+    """Issue 17: Ctrl-C / SIGTERM during a large copy cancels it within a second, removes the
+    staging, says so in one line and never touches the tracker."""
+    from ckptdoctor.layouts import dcp_writer as W
+    src = tmp_path / "iter_0000100"
+    W.write(str(src), [W.Item("w", (4, 4), (0, 0), (4, 4), [1.0] * 16)])
+    with open(src / "__0_0.distcp", "ab") as fh:   # 3 GiB of real bytes to copy (sparse: no disk cost)
+        fh.truncate(3 << 30)
+    W.write(str(tmp_path / "meta"), [W.Item("w", (4, 4), (0, 0), (4, 4), [1.0] * 16)])
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "latest_checkpointed_iteration.txt").write_text("50")
+    p = subprocess.Popen([sys.executable, "-m", "ckptdoctor", "publish", "--force", "--workers", "2", str(src),
+                          str(dest)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(n.startswith(".") or "tmp" in n for n in os.listdir(dest)):
+        time.sleep(0.02)  # staging exists: the copy is running
+    time.sleep(0.3)
+    t = time.monotonic()
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=30)
+    took = time.monotonic() - t
+    assert p.returncode == code, (p.returncode, err)
+    assert took < 1.5, took
+    assert sorted(os.listdir(dest)) == ["latest_checkpointed_iteration.txt"], os.listdir(dest)
+    assert (dest / "latest_checkpointed_iteration.txt").read_text() == "50"
+    assert len([line for line in err.splitlines() if line.strip()]) == 1 and "staging removed" in err

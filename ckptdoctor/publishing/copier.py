@@ -9,6 +9,7 @@ still being written is how half-written checkpoints get published.
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -96,6 +97,13 @@ def snapshot_diff(before: dict, after: dict) -> str | None:
     return "; ".join(parts) or None
 
 
+CANCEL = threading.Event()  # set on SIGINT/SIGTERM: every copy stops at its next buffer
+
+
+class Cancelled(Exception):
+    """The copy was cancelled (an interrupt); the caller removes what it staged."""
+
+
 def copy_file(src: str, dst: str, rel: str, chunk: int = CHUNK_BYTES, progress=None) -> Copied:
     st0 = os.stat(src)
     buf = _buf()
@@ -108,6 +116,8 @@ def copy_file(src: str, dst: str, rel: str, chunk: int = CHUNK_BYTES, progress=N
         fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, st0.st_mode & 0o777 | 0o200)
         try:
             while True:
+                if CANCEL.is_set():
+                    raise Cancelled(f"{rel}: copy cancelled")
                 n = fi.readinto(buf[:cd.want(len(buf))])
                 if not n:
                     break
@@ -153,6 +163,11 @@ def copy_tree(src: str, dst: str, dirs: list[str], files: dict[str, int], worker
         for rel, f in futs.items():
             try:
                 out[rel] = f.result()
+            except (KeyboardInterrupt, SystemExit):  # an interrupt: stop now, not after every file
+                CANCEL.set()
+                for g in futs.values():
+                    g.cancel()
+                raise
             except BaseException as exc:  # collect; the first error is raised after the pool drains
                 errors.append(exc)
             if first:
