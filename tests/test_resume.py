@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ckptdoctor import api
-from helpers import assert_fires, cli
+from helpers import assert_fires, assert_fires_json, cli
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -105,7 +105,7 @@ def test_digests_diff_names_ranks_and_items(tmp_path):
     rc, out, err = cli("digests", "diff", str(tmp_path / "a"), str(tmp_path / "b"), "-f", "json")
     assert rc == 1, err
     doc = json.loads(out)
-    (f,) = doc["findings"]
+    (f,) = assert_fires_json(doc, "CKD502")
     assert f["rule"] == "CKD502" and f["details"]["rank"] == 1 and f["details"]["differing"] == ["state/w"]
     assert doc["facts"]["ranks"] == {"compared": 2, "only_in_one": 0, "differing": 1}
     rc, out, err = cli("digests", "diff", str(tmp_path / "a"), str(tmp_path / "a"))

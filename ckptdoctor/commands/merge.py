@@ -35,15 +35,21 @@ def _validate(p: str, doc) -> dict:
     return sl
 
 
+def read_report(p: str, limit: int = MAX_REPORT_BYTES):
+    """A `--format json` report file, parsed; UsageError naming the file otherwise (shared with
+    `preflight --views`)."""
+    try:
+        return json.loads(read_regular(p, limit))
+    except OSError as exc:
+        raise UsageError(f"{p}: {exc.strerror or exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise UsageError(f"{p}: not a JSON report ({str(exc)[:120]})") from None
+
+
 def merge(paths: list[str]) -> Report:
     docs = []
     for p in paths:
-        try:
-            doc = json.loads(read_regular(p, MAX_REPORT_BYTES))
-        except OSError as exc:
-            raise UsageError(f"{p}: {exc.strerror or exc}") from None
-        except (ValueError, RecursionError) as exc:
-            raise UsageError(f"{p}: not a JSON report ({str(exc)[:120]})") from None
+        doc = read_report(p)
         docs.append((p, doc, _validate(p, doc)))
     targets = {d["target"] for _, d, _ in docs}
     ns = {sl["n"] for _, _, sl in docs}

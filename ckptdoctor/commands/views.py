@@ -8,25 +8,18 @@ Every node's own findings are carried over, so the one verdict covers them too.
 """
 from __future__ import annotations
 
-import json
-
 from ..engine.catalog import catalog
 from ..engine.errors import UsageError
 from ..engine.finding import SEVERITIES, Finding, Hit
 from ..engine.runner import Engine
-from ..io.fs import read_regular
 from ..slurm.hostlist import compress
 
 MAX_REPORT_BYTES = 64 << 20
 
 
 def _load(path: str) -> dict:
-    try:
-        doc = json.loads(read_regular(path, MAX_REPORT_BYTES))
-    except OSError as exc:
-        raise UsageError(f"{path}: {exc.strerror or exc}") from None
-    except (ValueError, RecursionError) as exc:
-        raise UsageError(f"{path}: not a JSON report ({str(exc)[:100]})") from None
+    from .merge import read_report
+    doc = read_report(path, MAX_REPORT_BYTES)
     view = (doc.get("facts") or {}).get("view") if isinstance(doc, dict) else None
     if not isinstance(view, dict) or doc.get("command") != "preflight" or not isinstance(view.get("node"), str) \
             or not isinstance(doc.get("findings"), list):
