@@ -112,6 +112,7 @@ def run_demo(directory: str | None, fmt: str = "text") -> int:
     caught = _publish_scene(root, run, fmt, out) and caught
     caught = _preflight_scene(root, fmt, out) and caught
     caught = _doctor_scene(run, fmt, out) and caught
+    caught = _contract_scene(root, run, fmt, out) and caught
     return 0 if caught else 1  # the demo succeeds when the doctor catches every injected fault
 
 
@@ -262,3 +263,27 @@ def _doctor_scene(run: str, fmt: str, out) -> bool:
         for n, why in plan["kept"].items():
             out.write(f"kept {n}: {why}\n")
     return gate.report.failed() and not eng.report.failed() and os.path.isdir(os.path.join(run, "iter_0000100"))
+
+
+def _contract_scene(root: str, run: str, fmt: str, out) -> bool:
+    """The run contract: recorded once, then an edited recipe is caught before the relaunch."""
+    from . import contract as C
+    from .api import make_engine
+    from .commands import contract as cflow
+    from .report import render
+    recipe = os.path.join(root, "recipe.yaml")
+    with open(recipe, "w") as fh:
+        fh.write("lr: 3.0e-4\nglobal_batch_size: 512\n")
+    if os.path.exists(C.path_in(run)):  # an earlier demo in this directory
+        os.remove(C.path_in(run))
+    c = C.init(run, None, [], [recipe], 1000)
+    with open(recipe, "w") as fh:
+        fh.write("lr: 6.0e-4\nglobal_batch_size: 512\n")
+    if fmt == "text":
+        out.write(f"\n# scene 7: the run contract\n$ ckptdoctor contract init {run} --recipe {recipe} --total-steps 1000\n"
+                  f"# {cflow.describe(c)}\n# injected fault: the learning rate in {recipe} was edited before the relaunch\n"
+                  f"$ ckptdoctor contract check {run} --total-steps 1000\n")
+    eng = make_engine("contract", run)
+    cflow.check(run, eng, 1000)
+    render(eng.report, fmt, out)
+    return "CKD513" in eng.report.rules()

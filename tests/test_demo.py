@@ -11,6 +11,7 @@ def test_demo_runs_without_torch(tmp_path):
     assert "CKD104 shard-truncated" in p.stdout and "CKD102 commit-interrupted" in p.stdout
     assert "newest complete checkpoint: iter_0000100" in p.stdout
     assert "CKD151 checksum-mismatch" in p.stdout  # the content scene (verify --checksums)
+    assert "CKD513 contract-recipe-changed" in p.stdout  # the run contract scene
 
 
 def test_demo_output_is_loadable_by_torch(tmp_path):
