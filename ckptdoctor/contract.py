@@ -236,9 +236,9 @@ def compare(phase: Phase, total_steps: int | None = None, quick_data: bool = Fal
         except InputError:
             now = None
         if now is None:
-            out.append(Change("code", was["path"], "removed", _code_str(was), None))
-        elif _code_str(now) != _code_str(was):
-            out.append(Change("code", was["path"], "changed", _code_str(was), _code_str(now)))
+            out.append(Change("code", was["path"], "removed", code_str(was), None))
+        elif code_str(now) != code_str(was):
+            out.append(Change("code", was["path"], "changed", code_str(was), code_str(now)))
     files = phase.data.get("files", {})
     try:
         present = expand([p for p in phase.data.get("paths", []) if os.path.exists(p)])
@@ -273,7 +273,7 @@ def compare(phase: Phase, total_steps: int | None = None, quick_data: bool = Fal
     return out
 
 
-def _code_str(c: dict) -> str:
+def code_str(c: dict) -> str:
     if c.get("kind") == "git":
         return f"git {c.get('commit')}" + (f" + uncommitted {c['uncommitted']}" if c.get("uncommitted") else "")
     return f"tree {c.get('tree')} ({c.get('files')} files)"

@@ -105,7 +105,7 @@ def pytest_sessionfinish(session, exitstatus):
     cfg = session.config
     narrowed = cfg.getoption("keyword") or cfg.getoption("markexpr") or cfg.getoption("lf", False) or \
         any(a not in ("tests", "tests/", str(HERE)) for a in cfg.args)
-    if narrowed or exitstatus != 0 or session.testscollected < 100:
+    if narrowed or exitstatus != 0 or cfg.getoption("collectonly") or session.testscollected < 100:
         return
     from ckptdoctor.engine.catalog import catalog
     from helpers import FIRED

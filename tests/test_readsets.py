@@ -6,24 +6,19 @@ no false pass, no false alarm."""
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import _run_script
 from helpers import cli
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
-JOB = Path(__file__).parent / "fixtures" / "readsets_job.py"
 
 
 def _run(*args):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    p = subprocess.run([sys.executable, str(JOB), *map(str, args)], capture_output=True, text=True, env=env,
-                       timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
+    _run_script("readsets_job.py", *args, timeout=600)  # the session fixtures' runner: one line of failure output
 
 
 @pytest.fixture(scope="module")

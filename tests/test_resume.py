@@ -3,25 +3,20 @@ LambdaLR, all RNG streams, DCP) and checked after a restore in new processes, in
 directions; an incomplete digest set is a verify finding; `digests diff` names items and ranks."""
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from ckptdoctor import api
+from conftest import _run_script
 from helpers import assert_fires, assert_fires_json, cli
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
-JOB = Path(__file__).parent / "fixtures" / "resume_job.py"
 
 
 def _job(*args):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    p = subprocess.run([sys.executable, str(JOB), *map(str, args)], capture_output=True, text=True, env=env,
-                       timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
+    _run_script("resume_job.py", *args, timeout=300)  # the session fixtures' runner: one line of failure output
 
 
 def _results(out: Path) -> dict[int, str]:

@@ -86,7 +86,7 @@ def contract_unreadable(sub, eng):
 
 
 def _changes(sub, kind: str):
-    for c in sub.changes(eng_kind=kind):
+    for c in sub.changes(kind):
         what = {"changed": "changed", "added": "was added", "removed": "was removed"}[c.change]
         msg = f"{c.item} {what} since contract phase {sub.phase_index} ({sub.phase_reason})"
         if c.was and c.now:

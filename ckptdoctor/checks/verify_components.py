@@ -65,26 +65,25 @@ def trainer_state_invalid(ck, eng):
     its global_step must be the N of checkpoint-N (a copy renamed to another step, a truncated
     write)."""
     lay = ck.layout
-    if lay is None or lay.name != "hf-trainer" or "trainer_state.json" not in ck.files:
+    state = lay.extra.get("state_file") if lay is not None else None  # the family says which file
+    if not state or state["file"] not in ck.files:
         return
     import json
+    f, key = state["file"], state["step_key"]
     try:
-        doc = json.loads(ck.storage.read(ck.relpath("trainer_state.json"), 256 << 20))
+        doc = json.loads(ck.storage.read(ck.relpath(f), 256 << 20))
     except (ValueError, RecursionError) as exc:
-        yield Hit(ck.path("trainer_state.json"), f"trainer_state.json is not valid JSON ({str(exc)[:80]}): "
-                  f"Trainer cannot resume from this checkpoint", details={"file": "trainer_state.json"},
-                  hint="a write cut short; resume from an earlier checkpoint")
+        yield Hit(ck.path(f), f"{f} is not valid JSON ({str(exc)[:80]}): the framework cannot resume from this "
+                  f"checkpoint", details={"file": f}, hint="a write cut short; resume from an earlier checkpoint")
         return
     except OSError:
         return  # CKD901 / CKD123 report unreadable or missing files
-    step = doc.get("global_step") if isinstance(doc, dict) else None
+    step = doc.get(key) if isinstance(doc, dict) else None
     if not isinstance(step, int) or isinstance(step, bool):
-        yield Hit(ck.path("trainer_state.json"), "trainer_state.json has no integer global_step",
-                  details={"file": "trainer_state.json", "global_step": step})
+        yield Hit(ck.path(f), f"{f} has no integer {key}", details={"file": f, key: step})
     elif ck.step is not None and step != ck.step:
-        yield Hit(ck.path("trainer_state.json"), f"trainer_state.json says global_step {step}, but the "
-                  f"directory is {ck.name}: Trainer would resume at step {step}",
-                  details={"file": "trainer_state.json", "global_step": step, "directory_step": ck.step},
+        yield Hit(ck.path(f), f"{f} says {key} {step}, but the directory is {ck.name}: the framework would "
+                  f"resume at step {step}", details={"file": f, key: step, "directory_step": ck.step},
                   hint="a checkpoint copied or renamed to another step; rename it back or resume elsewhere")
 
 
@@ -219,7 +218,7 @@ def temp_leftover(run, eng):
 
 @check("CKD155", "checkpoint")
 def no_family_matched(ck, eng):
-    if ck.layout is None or ck.layout.family != "generic":
+    if ck.layout is None or not ck.layout.extra.get("generic_checks_only"):
         return
     kinds: dict[str, int] = {}
     for n in ck.files:
@@ -234,24 +233,24 @@ def no_family_matched(ck, eng):
 def peft_adapter_mismatch(ck, eng):
     """A LoRA adapter's tensors must be what its adapter_config.json says: lora_A is (r, in), lora_B
     (out, r) with r from `r` or `rank_pattern`, on modules `target_modules` names."""
-    if ck.layout is None or ck.layout.family != "peft" or "adapter_config.json" not in ck.files \
-            or "adapter_model.safetensors" not in ck.files:
+    lora = ck.layout.extra.get("lora") if ck.layout is not None else None  # the family names its files
+    if not lora or lora["config"] not in ck.files or lora["weights"] not in ck.files:
         return
     import json
     from ..layouts import safetensors as stf
     try:
-        cfg = json.loads(ck.storage.read(ck.relpath("adapter_config.json"), 16 << 20))
+        cfg = json.loads(ck.storage.read(ck.relpath(lora["config"]), 16 << 20))
     except (ValueError, RecursionError) as exc:
-        yield Hit(ck.path("adapter_config.json"), f"adapter_config.json is not valid JSON ({str(exc)[:80]})",
-                  details={"file": "adapter_config.json"})
+        yield Hit(ck.path(lora["config"]), f"{lora['config']} is not valid JSON ({str(exc)[:80]})",
+                  details={"file": lora["config"]})
         return
     except OSError:
         return
     if not isinstance(cfg, dict) or cfg.get("peft_type") != "LORA":
         return  # other adapter types: the weights' names differ; only presence is checked
-    rel = ck.relpath("adapter_model.safetensors")
+    rel = ck.relpath(lora["weights"])
     try:
-        hdr = stf.read_header(lambda off, n: ck.storage.read_range(rel, off, n), ck.files["adapter_model.safetensors"].size)
+        hdr = stf.read_header(lambda off, n: ck.storage.read_range(rel, off, n), ck.files[lora["weights"]].size)
     except (stf.HeaderError, OSError):
         return  # CKD120 names it
     r = cfg.get("r")
@@ -269,13 +268,13 @@ def peft_adapter_mismatch(ck, eng):
             if isinstance(want, int) and len(shape) == 2 and shape[dim] != want:
                 problems.append(f"{name} has rank {shape[dim]}, the config says {want}")
     if not modules:
-        problems.append("adapter_model.safetensors holds no lora_A/lora_B tensors")
+        problems.append(f"{lora['weights']} holds no lora_A/lora_B tensors")
     if isinstance(targets, list) and targets:
         off = sorted(m for m in modules if m.rsplit(".", 1)[-1] not in targets)
         if off:
             problems.append(f"{len(off)} module(s) not in target_modules {targets}: {off[0]}")
     for p in problems[:10]:
-        yield Hit(ck.path("adapter_model.safetensors"), f"adapter does not match adapter_config.json: {p}",
-                  details={"file": "adapter_model.safetensors", "r": r, "target_modules": targets},
+        yield Hit(ck.path(lora["weights"]), f"adapter does not match {lora['config']}: {p}",
+                  details={"file": lora["weights"], "r": r, "target_modules": targets},
                   hint="the adapter and its config come from different saves; PeftModel.from_pretrained "
                        "would fail or load the wrong shapes")

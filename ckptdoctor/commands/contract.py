@@ -30,12 +30,12 @@ class ContractSubject:
     def phase_reason(self) -> str | None:
         return self.contract.newest.reason if self.contract else None
 
-    def changes(self, eng_kind: str) -> list[C.Change]:
+    def changes(self, kind: str) -> list[C.Change]:
         if self.contract is None:
             return []
         if self._changes is None:
             self._changes = C.compare(self.contract.newest, self.total_steps, self.quick_data)
-        return [c for c in self._changes if c.kind == eng_kind]
+        return [c for c in self._changes if c.kind == kind]
 
 
 def subject(run_root: str, total_steps: int | None = None, quick_data: bool = False) -> ContractSubject:
@@ -53,7 +53,7 @@ def evaluate(engine: Engine, sub: ContractSubject) -> None:
         engine.report.facts["contract"] = {
             "path": sub.path, "phases": len(sub.contract.phases), "phase": ph.index, "reason": ph.reason,
             "total_steps": ph.total_steps, "data_files": len(ph.data.get("files", {})),
-            "recipe_files": len(ph.recipe), "code": C._code_str(ph.code) if ph.code else None,
+            "recipe_files": len(ph.recipe), "code": C.code_str(ph.code) if ph.code else None,
             "changes": len(sub._changes or []), "data_compared": "size and mtime, re-hashed when they differ"
             if sub.quick_data else "content (xxh3-128)"}
 
@@ -67,7 +67,7 @@ def check(run_root: str, engine: Engine, total_steps: int | None) -> None:
 
 def describe(c: C.Contract) -> str:
     ph = c.newest
-    code = C._code_str(ph.code) if ph.code else "no code recorded"
+    code = C.code_str(ph.code) if ph.code else "no code recorded"
     return (f"{c.path}: phase {ph.index} ({ph.reason}): {code}; {len(ph.data.get('files', {}))} data file(s); "
             f"{len(ph.recipe)} recipe file(s); total steps {ph.total_steps}")
 
@@ -76,7 +76,7 @@ def written(engine: Engine, c: C.Contract, say=None) -> None:
     """init / new-phase: the phase just written, as facts (and one line on stderr)."""
     ph = c.newest
     engine.report.facts["written"] = {"path": c.path, "phase": ph.index, "reason": ph.reason,
-                                      "code": C._code_str(ph.code) if ph.code else None,
+                                      "code": C.code_str(ph.code) if ph.code else None,
                                       "data_files": len(ph.data.get("files", {})), "recipe_files": len(ph.recipe),
                                       "total_steps": ph.total_steps}
     if say:
