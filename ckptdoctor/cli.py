@@ -285,13 +285,20 @@ def publish(
     keep_every: Optional[int] = typer.Option(None, "--keep-every", help="Also keep every checkpoint whose "
                                              "step is a multiple of M."),
     workers: Optional[int] = typer.Option(None, "--workers", help="Parallel file copies [default: 2 x cores, max 8]."),
+    part: Optional[str] = typer.Option(None, "--part", help="K/N: this node's part of a checkpoint spread over N "
+                                       "nodes' local disks (K from 0, e.g. $SLURM_NODEID/$SLURM_NNODES); the "
+                                       "part completing the set verifies and commits."),
+    publish_id: Optional[str] = typer.Option(None, "--publish-id", help="With --part: the same ID on every node "
+                                             "(e.g. $SLURM_JOB_ID); a re-run with it resumes."),
+    timeout: float = typer.Option(1800.0, "--timeout", help="With --part: seconds to wait for the other parts "
+                                  "before giving up with nothing committed (exit 75)."),
     select: Optional[List[str]] = SelectOpt, ignore: Optional[List[str]] = IgnoreOpt,
     fail_on: Optional[Level] = FailOnOpt, severity: Optional[List[str]] = SeverityOpt,
     config: Optional[str] = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
     debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt, color: Color = ColorOpt,
 ):
     """Copy a checkpoint so it appears whole or not at all: verify, copy+hash, fsync, manifest,
-    rename, then the tracker; optional retention."""
+    rename, then the tracker; optional retention.  With --part K/N, one checkpoint from N nodes."""
     _logging(quiet, debug)
     from .commands import publish as flow
     c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet, verbose, color)
@@ -306,10 +313,23 @@ def publish(
         CANCEL.set()
         raise Terminated()
     old = signal.signal(signal.SIGTERM, on_term)
+    if publish_id is not None and part is None:
+        raise UsageError("--publish-id goes with --part K/N")
     try:
-        flow.run(src, dest_root, eng, name=name, force=force, replace=replace, tracker=tracker,
-                 trust_manifest=trust_manifest,
-                 keep_last=eng.opt("keep_last"), keep_every=eng.opt("keep_every"), workers=eng.opt("workers"))
+        if part is not None:
+            from .publishing.parts import PartRefused
+            try:
+                flow.run_part(src, dest_root, eng, part=part, publish_id=publish_id, timeout=timeout, name=name,
+                              force=force, replace=replace, tracker=tracker, keep_last=eng.opt("keep_last"),
+                              keep_every=eng.opt("keep_every"), workers=eng.opt("workers"))
+            except PartRefused as exc:
+                _say(f"ckptdoctor: {exc}")
+                emit(lambda: _render(eng.report, format))
+                raise typer.Exit(1) from None
+        else:
+            flow.run(src, dest_root, eng, name=name, force=force, replace=replace, tracker=tracker,
+                     trust_manifest=trust_manifest,
+                     keep_last=eng.opt("keep_last"), keep_every=eng.opt("keep_every"), workers=eng.opt("workers"))
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: copies stop at their next buffer, staging is removed
         CANCEL.set()
         term = isinstance(exc, Terminated)

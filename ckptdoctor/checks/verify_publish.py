@@ -30,3 +30,16 @@ def publish_leftover(run, eng):
                                "age_seconds": round(age, 1) if age is not None else None},
                       hint="re-run the publish (it cleans its own leftovers) or delete it once that "
                            "process is gone")
+            continue
+        parts = naming.parse_parts(e.name)
+        if parts and e.is_dir:
+            from ..publishing.parts import staging_age
+            age = staging_age(run.storage.abspath(e.name)) if run.storage.local else age_seconds(e.mtime)
+            if age is not None and age < float(naming.config()["parts_stale_seconds"]):
+                continue  # a part publish in progress (a part touched it recently): not a leftover yet
+            yield Hit(run.storage.show(e.name), f"leftover staging of a part publish of {parts['name']} "
+                      f"(publish id {parts['id']}) that never committed",
+                      details={"checkpoint": parts["name"], "publish_id": parts["id"],
+                               "age_seconds": round(age, 1) if age is not None else None},
+                      hint="re-run the missing parts with the same --publish-id to finish it, or delete it; "
+                           "a new part publish of that name removes it once stale")

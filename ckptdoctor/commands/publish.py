@@ -54,3 +54,78 @@ def run(src: str, dest_root: str, engine: Engine, *, name: str | None = None, fo
         raise InputError(f"publish: {exc}") from None
     rep.facts["published"] = res.to_json()
     return res
+
+
+def run_part(src: str, dest_root: str, engine: Engine, *, part: str, publish_id: str | None,
+             timeout: float = 1800.0, name: str | None = None, force: bool = False, replace: bool = False,
+             tracker: str = "auto", keep_last: int | None = None, keep_every: int | None = None,
+             workers: int | None = None):
+    """publish --part K/N: this node's files into the shared staging; the part completing the set
+    verifies the assembled checkpoint with the same engine and commits it (publishing/parts.py)."""
+    from ..publishing import parts
+    pspec = parts.PartSpec.parse(part, publish_id)
+    if replace:
+        raise UsageError("--replace is refused with --part: a part publish only creates a new checkpoint "
+                         "(publish under another --name)")
+    if "://" in src and not src.startswith("file://"):
+        raise UsageError(f"{src}: publish copies from a local checkpoint directory (node-local disk)")
+    if tracker not in ("auto", "none"):
+        spec.for_tracker_option(tracker)  # an unknown family is a usage error first
+    src = os.path.abspath(src[len("file://"):] if src.startswith("file://") else src)
+    if not os.path.isdir(src):
+        raise UsageError(f"{src}: not a directory (give this node's local checkpoint directory)")
+    name = name if name is not None else os.path.basename(src.rstrip("/"))
+    naming.check_name(name)
+    if pf.is_inside(dest_root, src):
+        raise UsageError(f"{dest_root}: the destination is inside (or is) the source {src}")
+    if keep_last is not None and keep_last < 1:
+        raise UsageError("--keep-last must be at least 1 (the checkpoint just published is always kept)")
+    if keep_every is not None and keep_every < 1:
+        raise UsageError("--keep-every must be at least 1")
+    rep = engine.report
+    rep.facts["source"] = {"path": src, "part": pspec.index, "parts": pspec.count, "publish_id": pspec.publish_id}
+
+    dest = pf.destination(dest_root)
+
+    def verify(tree: str):
+        # judged as the destination run root will judge it (its family from the name and the tracker there)
+        parent, base = tree.rsplit("/", 1)
+        run_layout = None if tracker == "none" else naming.choose_layout(tracker, base, set(dest.entries()))
+        from ..layouts.locate import checkpoint_in_run
+        if isinstance(dest, pf.ObjectCommit):
+            # the assembly is uncommitted by design until the manifest: CKD201 is the commit's own state
+            from ..api import make_engine
+            eng = make_engine("verify", tree, ignore=["CKD201"], progress=engine.progress)
+            parent = dest.display.rstrip("/")
+        else:
+            eng = engine
+        ck = checkpoint_in_run(open_location(parent), base, run_layout)
+        if ck is None:
+            return None, [f"{tree}: the assembled tree is not a checkpoint any family recognises"]
+        status = vflow.check_checkpoint(eng, ck)
+        if eng is not engine:
+            engine.report.findings.extend(status.added)
+        return ck.layout.name, ([] if status.complete or force else list(status.reasons))
+
+    def after(res, tracker_opt, kl, ke):
+        pf._after_commit(dest, name, res, tracker_opt, kl, ke)
+
+    try:
+        stage = None
+        if isinstance(dest, pf.ObjectCommit):
+            # no node knows the whole checkpoint's family before the commit: every family's literal
+            # marker names wait in the staging prefix and go up last
+            markers = {m for lay in spec.layouts().values() for group in lay.markers for m in group
+                       if not any(ch in m for ch in "*?[")}
+            stage = parts.ObjectParts(dest.fs, dest.root, name, pspec, markers)
+        res = parts.run_part(src, dest_root, name, pspec, verify=verify, tracker=tracker, keep_last=keep_last,
+                             keep_every=keep_every, workers=workers, progress_factory=engine.progress,
+                             timeout=timeout, after_commit_fn=after, stage=stage)
+    except parts.PartRefused as exc:
+        rep.facts["published"] = None
+        rep.facts["refused"] = str(exc)
+        raise
+    except OSError as exc:
+        raise InputError(f"publish --part: {exc}") from None
+    rep.facts["published"] = res.to_json()
+    return res

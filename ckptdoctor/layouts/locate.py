@@ -99,3 +99,12 @@ def _checkpoint(st: Storage, name: str, among: tuple[str, ...], step, run) -> Ch
         files, dirs = set(), set()
     probe.layout = spec.detect("checkpoint", files, dirs, among=among, name=name) or probe.layout
     return probe
+
+
+def checkpoint_in_run(st: Storage, name: str, run_layout: spec.Layout | None) -> CheckpointView | None:
+    """Directory `name` under `st` judged as the run layout that will hold it (a publish's staging
+    judged as the destination run root will see it: an iter_NNNNNNN directory beside a Megatron
+    tracker is a Megatron checkpoint, whose commit marker a plain DCP save lacks)."""
+    if run_layout is None or run_layout.scope != "run" or not run_layout.checkpoint_layouts:
+        return locate(st.sub(name)).checkpoint
+    return _checkpoint(st, name, run_layout.checkpoint_layouts, run_layout.steps.step(name), None)

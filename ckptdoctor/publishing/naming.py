@@ -105,6 +105,15 @@ def parse_own(dirname: str) -> dict | None:
     return m.groupdict() if m else None
 
 
+_PARTS = re.compile(r"^\.(?P<name>.+)\.ckptdoctor-parts-(?P<id>[A-Za-z0-9][A-Za-z0-9._=+-]{0,63})$")
+
+
+def parse_parts(dirname: str) -> dict | None:
+    """{name, id} of a part publish's shared staging directory (publish --part), else None."""
+    m = _PARTS.match(dirname)
+    return m.groupdict() if m else None
+
+
 def pid_alive(pid: int, start: str | None = None) -> bool:
     """Is that process (pid, and start time when recorded) still running on this host?"""
     try:

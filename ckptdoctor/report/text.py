@@ -165,10 +165,16 @@ def _publish(con, facts) -> None:
         con.print(Text(f"not published: {facts.get('refused', 'refused')}", style="bold red"))
         return
     dest = res["dest"].rstrip("/") + "/" + res["name"]
-    verb = {"published": "published", "replaced": "replaced", "unchanged": "unchanged (already published)"}
+    verb = {"published": "published", "replaced": "replaced", "unchanged": "unchanged (already published)",
+            "committed": "published (this part committed)", "part-done": "published (part done; committed by "
+            f"part {res.get('committer')})", "already-committed": "already published under this publish id"}
     rate = res["bytes"] / res["seconds"] / 1e6 if res["seconds"] else 0
-    con.print(Text(f"{verb.get(res['status'], res['status'])}: {dest}  ({res['files']} files, "
+    part = (f"part {res['part']}/{res['parts']} of publish {res['publish_id']}: " if "part" in res else "")
+    con.print(Text(f"{part}{verb.get(res['status'], res['status'])}: {dest}  ({res['files']} files, "
                    f"{_size(res['bytes'])}, {res['seconds']:.2f} s, {rate:.0f} MB/s)", style="bold green"))
+    if "part" in res and res["status"] != "already-committed":
+        con.print(Text(f"this node: {res['copied']} copied, {res['compared']} already placed by another node "
+                       f"and compared equal, {res['resumed']} kept from an earlier run", style="dim"))
     tr = res.get("tracker")
     if tr:
         if tr["written"]:

@@ -1,0 +1,312 @@
+"""publish --part K/N: one checkpoint assembled from N nodes' local disks (separate directories
+stand for the nodes' NVMe), run as N concurrent real CLI processes; SIGKILL at phases and at random
+moments; conflicting copies; timeouts; a real S3-compatible server; real torch dcp.load of what
+was committed (and of what was refused)."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import cli, spread
+from test_publish import TRACKER, megatron_iter, tracker_of, verify_json
+
+pytestmark = pytest.mark.slow
+
+NAME = "iter_0000100"
+
+
+def nodes_of(tmp_path, n_nodes: int, ranks: int = 4, mb: float = 0.2, step: int = 100):
+    """A Megatron torch_dist iteration of `ranks` ranks spread node-locally over n_nodes: each node
+    holds its ranks' shards and its own copy of .metadata, metadata.json and common.pt."""
+    src = tmp_path / "full" / f"iter_{step:07d}"
+    megatron_iter(src, step, mb=mb, ranks=ranks)
+    torch = pytest.importorskip("torch")
+    torch.save({"iteration": step, "args": {"lr": 3e-4}}, src / "common.pt")  # the same file on every node
+    nodes = [f"n{i}" for i in range(n_nodes)]
+    spread(src, tmp_path / "nodes", nodes, ranks // n_nodes, name=f"iter_{step:07d}", tracker=None)
+    return [tmp_path / "nodes" / n / "run7" / f"iter_{step:07d}" for n in nodes], src
+
+
+def start_part(src, dest, k, n, pid="job7", *extra, env=None):
+    e = dict(os.environ, **(env or {}))
+    e.pop("CKPTDOCTOR_CONFIG", None)
+    return subprocess.Popen([sys.executable, "-m", "ckptdoctor", "publish", "--quiet", "--format", "json", str(src),
+                             str(dest), "--part", f"{k}/{n}", "--publish-id", pid, *map(str, extra)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+
+
+def finish(p, timeout=120):
+    out, err = p.communicate(timeout=timeout)
+    return p.returncode, out, err
+
+
+def staging(dest):
+    return [e for e in os.listdir(dest) if ".ckptdoctor-parts-" in e] if os.path.isdir(dest) else []
+
+
+def assert_committed(dest, src, name=NAME):
+    rc, rep = verify_json(dest)
+    assert rc == 0, rep["findings"]
+    man = json.loads((dest / name / "ckptdoctor.manifest.json").read_text())
+    assert sorted(man["files"]) == sorted(os.listdir(src))  # exactly the union of the nodes' files
+    for rel in os.listdir(src):  # byte for byte what the full checkpoint holds
+        assert (dest / name / rel).read_bytes() == (src / rel).read_bytes(), rel
+    return man
+
+
+@pytest.mark.parametrize("n_nodes", [2, 4])
+def test_nodes_publish_concurrently_one_commits(tmp_path, n_nodes):
+    parts, full = nodes_of(tmp_path, n_nodes)
+    dest = tmp_path / "lustre" / "run7"
+    procs = [start_part(parts[k], dest, k, n_nodes) for k in range(n_nodes)]
+    results = [finish(p) for p in procs]
+    assert all(rc == 0 for rc, _, _ in results), [r[2] for r in results]
+    docs = [json.loads(out)["facts"]["published"] for _, out, _ in results]
+    assert sorted(d["status"] for d in docs) == ["committed"] + ["part-done"] * (n_nodes - 1)
+    winner = next(d["part"] for d in docs if d["status"] == "committed")
+    assert all(d["committer"] == winner for d in docs)
+    # every shared file was placed once and compared by every other node
+    assert sum(d["copied"] for d in docs) == len(os.listdir(full))
+    assert sum(d["compared"] for d in docs) == 3 * (n_nodes - 1)  # .metadata, metadata.json, common.pt
+    man = assert_committed(dest, full)
+    assert man["publish_id"] == "job7" and man["committed_by"] == winner and len(man["parts"]) == n_nodes
+    assert tracker_of(dest) == "100" and staging(dest) == []
+
+
+def test_committed_checkpoint_loads_in_torch_and_a_refused_one_does_not(fixture_root, tmp_path):
+    """Both directions against the real dcp.load: what the parts commit loads to the same tensors
+    as the original save; the assembly refused for a missing shard is one dcp.load cannot load."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed.checkpoint as dcp
+    orig = fixture_root / "dcp_4rank"
+    spread(orig, tmp_path / "nodes", ["n0", "n1"], 2, name="step-10", tracker=None)
+    dest = tmp_path / "dest"
+    srcs = [tmp_path / "nodes" / n / "run7" / "step-10" for n in ("n0", "n1")]
+    res = [finish(p) for p in [start_part(srcs[k], dest, k, 2) for k in range(2)]]
+    assert all(rc == 0 for rc, _, _ in res), [r[2] for r in res]
+    md = dcp.FileSystemReader(str(orig)).read_metadata()
+    want = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in md.state_dict_metadata.items()
+            if hasattr(m, "size")}
+    got = {k: torch.zeros_like(v) for k, v in want.items()}
+    dcp.load(want, checkpoint_id=str(orig))
+    dcp.load(got, checkpoint_id=str(dest / "step-10"))
+    assert want and all(torch.equal(want[k], got[k]) for k in want)
+    # n1 lost rank 3's shard: nothing is committed, and the assembled tree is indeed unloadable
+    os.unlink(srcs[1] / "__3_0.distcp")
+    dest2 = tmp_path / "dest2"
+    res = [finish(p) for p in [start_part(srcs[k], dest2, k, 2, "job8") for k in range(2)]]
+    assert [rc for rc, _, _ in res] == [1, 1], res
+    assert any("CKD103" in err and "__3_0.distcp" in out + err for _, out, err in res), res
+    assert not (dest2 / "step-10").exists()
+    assembled = dest2 / ".step-10.ckptdoctor-parts-job8" / "step-10"
+    with pytest.raises(BaseException) as ei:  # torch's CheckpointException derives from BaseException
+        dcp.load({k: torch.zeros_like(v) for k, v in want.items()}, checkpoint_id=str(assembled))
+    assert "__3_0.distcp" in str(ei.value)
+
+
+def test_conflicting_metadata_on_two_nodes_names_both(tmp_path):
+    parts, full = nodes_of(tmp_path, 2)
+    dest = tmp_path / "dest"
+    prev = megatron_iter(tmp_path / "prev" / "iter_0000050", 50)
+    assert cli("publish", "--quiet", prev, dest)[0] == 0
+    md = parts[1] / ".metadata"
+    md.write_bytes(md.read_bytes()[:-1] + bytes([md.read_bytes()[-1] ^ 1]))  # a different save's .metadata
+    res = [finish(p) for p in [start_part(parts[k], dest, k, 2) for k in range(2)]]
+    assert [rc for rc, _, _ in res] == [1, 1], res
+    for _, out, err in res:
+        assert ".metadata" in err and "part 0" in err and "part 1" in err and "nothing committed" in err, err
+    assert not (dest / NAME).exists() and tracker_of(dest) == "50"
+    assert verify_json(dest)[0] == 0  # the previous checkpoint is intact and still the resume target
+
+
+def _phase_log(path):
+    return [l.split()[0] for l in open(path)] if os.path.exists(path) else []
+
+
+@pytest.mark.parametrize("phase", ["copy", "part-record", "manifest", "rename"])
+def test_sigkill_of_the_completing_part_then_rerun(tmp_path, phase):
+    parts, full = nodes_of(tmp_path, 2)
+    dest = tmp_path / "dest"
+    prev = megatron_iter(tmp_path / "prev" / "iter_0000050", 50)
+    assert cli("publish", "--quiet", prev, dest)[0] == 0
+    first = start_part(parts[0], dest, 0, 2, "job7", "--timeout", "60")
+    st = dest / ".iter_0000100.ckptdoctor-parts-job7" / "parts" / "0.json"
+    t_end = time.monotonic() + 30
+    while not st.exists() and time.monotonic() < t_end:
+        time.sleep(0.05)
+    assert st.exists()
+    rc, out, err = finish(start_part(parts[1], dest, 1, 2, "job7", env={"CKPTDOCTOR_TEST_KILL_AT": phase}))
+    assert rc == -signal.SIGKILL
+    assert tracker_of(dest) == "50"  # never moved by a part that died
+    if (dest / NAME).exists():  # killed after the rename: complete and verifiable, tracker not yet moved
+        assert phase == "rename"
+        assert_committed(dest, full)
+    if phase == "part-record":
+        rc0, out0, err0 = finish(first)  # part 1's record is in: part 0 completes the set and commits
+        assert rc0 == 0 and json.loads(out0)["facts"]["published"]["status"] == "committed", err0
+        assert_committed(dest, full) and tracker_of(dest) == "100"
+    rc, out, err = finish(start_part(parts[1], dest, 1, 2, "job7"))
+    assert rc == 0, err
+    done = json.loads(out)["facts"]["published"]
+    if phase == "copy":
+        assert done["resumed"] + done["copied"] + done["compared"] == len(os.listdir(parts[1]))
+    rc0, out0, err0 = finish(first) if first.returncode is None else (0, None, None)
+    assert rc0 == 0, err0
+    assert_committed(dest, full)
+    assert tracker_of(dest) == "100" and staging(dest) == []
+
+
+def test_sigkill_at_random_moments_never_commits_half(tmp_path):
+    """A bigger part killed at random times: at every moment the destination shows the previous
+    tracker target intact and no iter_0000100 unless it is complete; re-running commits."""
+    parts, full = nodes_of(tmp_path, 2, mb=24)
+    dest = tmp_path / "dest"
+    prev = megatron_iter(tmp_path / "prev" / "iter_0000050", 50)
+    assert cli("publish", "--quiet", prev, dest)[0] == 0
+    seed = random.randrange(1 << 30)
+    rnd = random.Random(seed)
+    first = start_part(parts[0], dest, 0, 2, "job9", "--timeout", "120", "--workers", "1")
+    for attempt in range(3):
+        log = tmp_path / f"phases{attempt}"
+        p = start_part(parts[1], dest, 1, 2, "job9", "--workers", "1",
+                       env={"CKPTDOCTOR_TEST_PHASE_LOG": str(log), "CKPTDOCTOR_TEST_PAUSE_AT": "copy:0.3"})
+        time.sleep(rnd.uniform(0.05, 1.2))
+        p.send_signal(signal.SIGKILL)
+        p.communicate()
+        assert tracker_of(dest) in ("50", "100"), seed
+        if (dest / NAME).exists():
+            assert_committed(dest, full)
+        else:
+            assert tracker_of(dest) == "50", seed
+            assert verify_json(dest)[0] == 0, seed
+    rc, out, err = finish(start_part(parts[1], dest, 1, 2, "job9"))
+    assert rc == 0, (seed, err)
+    assert finish(first)[0] == 0
+    assert_committed(dest, full)
+    assert tracker_of(dest) == "100" and staging(dest) == []
+
+
+def test_timeout_commits_nothing_and_a_rerun_resumes(tmp_path):
+    parts, full = nodes_of(tmp_path, 2)
+    dest = tmp_path / "dest"
+    rc, out, err = finish(start_part(parts[0], dest, 0, 2, "job3", "--timeout", "1"))
+    assert rc == 75, err
+    assert "parts 1 never arrived" in err and "nothing committed" in err
+    assert not (dest / NAME).exists() and tracker_of(dest) is None
+    rc, out, err = cli("verify", "--format", "json", dest)  # a fresh staging is not yet a leftover
+    assert "CKD202" not in out
+    # re-run part 0: its files are in the journal and not copied again; part 1 completes the set
+    p0 = start_part(parts[0], dest, 0, 2, "job3")
+    p1 = start_part(parts[1], dest, 1, 2, "job3")
+    r0, r1 = finish(p0), finish(p1)
+    assert r0[0] == 0 and r1[0] == 0, (r0[2], r1[2])
+    d0 = json.loads(r0[1])["facts"]["published"]
+    assert d0["copied"] == 0 and d0["resumed"] >= 3
+    assert_committed(dest, full)
+    # a part arriving after the commit exits 0 and copies nothing
+    rc, out, err = finish(start_part(parts[1], dest, 1, 2, "job3"))
+    assert rc == 0 and json.loads(out)["facts"]["published"]["status"] == "already-committed"
+    # another publish id of the same name refuses to overwrite
+    rc, out, err = finish(start_part(parts[1], dest, 1, 2, "job4"))
+    assert rc == 2 and "refusing to overwrite" in err
+
+
+def test_stale_staging_of_a_dead_publish_is_reported_and_cleaned(tmp_path):
+    parts, full = nodes_of(tmp_path, 2)
+    dest = tmp_path / "dest"
+    assert cli("publish", "--quiet", megatron_iter(tmp_path / "prev" / "iter_0000050", 50), dest)[0] == 0
+    assert finish(start_part(parts[0], dest, 0, 2, "dead1", "--timeout", "0.5"))[0] == 75
+    old = time.time() - 3600
+    stage = dest / ".iter_0000100.ckptdoctor-parts-dead1"
+    for root, dirs, files in os.walk(stage):
+        for f in dirs + files:
+            os.utime(os.path.join(root, f), (old, old))
+    rc, out, err = cli("verify", "--format", "json", dest)
+    hits = [f for f in json.loads(out)["findings"] if f["rule"] == "CKD202"]
+    assert hits and hits[0]["details"]["publish_id"] == "dead1"
+    res = [finish(p) for p in [start_part(parts[k], dest, k, 2, "live2") for k in range(2)]]
+    assert all(r[0] == 0 for r in res), res
+    assert not stage.exists() and staging(dest) == []
+    assert_committed(dest, full)
+
+
+def test_part_usage_errors(tmp_path):
+    parts, _ = nodes_of(tmp_path, 2)
+    for args, msg in ((["--part", "2/2", "--publish-id", "x"], "0..N-1"), (["--part", "0/2"], "--publish-id"),
+                      (["--part", "a/b", "--publish-id", "x"], "K/N"), (["--publish-id", "x"], "--part"),
+                      (["--part", "0/2", "--publish-id", "../x"], "--publish-id"),
+                      (["--part", "0/2", "--publish-id", "x", "--replace"], "--replace")):
+        rc, out, err = cli("publish", str(parts[0]), str(tmp_path / "d"), *args)
+        assert rc == 2 and msg in err and "Traceback" not in err, (args, err)
+
+
+def test_sigterm_mid_copy_of_a_part_stops_at_once(tmp_path):
+    src = tmp_path / "n0" / NAME
+    src.mkdir(parents=True)
+    with open(src / "__0_0.distcp", "wb") as fh:
+        fh.truncate(3 << 30)  # sparse: reads fast from the page cache, copies for many seconds
+    dest = tmp_path / "dest"
+    for sig, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+        p = start_part(src, dest, 0, 2, f"sig{code}", "--workers", "1")
+        stage = dest / f".{NAME}.ckptdoctor-parts-sig{code}" / "tmp"
+        t_end = time.monotonic() + 30
+        while time.monotonic() < t_end and not (stage.exists() and os.listdir(stage)):
+            time.sleep(0.05)
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        p.send_signal(sig)
+        rc, out, err = finish(p, timeout=30)
+        assert rc == code and time.monotonic() - t0 < 1.5, (rc, err)
+        assert "nothing published" in err and "Traceback" not in err
+        assert os.listdir(stage) == []  # this part's copy in flight is removed
+        assert not (dest / NAME).exists()
+
+
+# ---- object stores (a real S3-compatible server on loopback) --------------------------------------
+def test_parts_to_s3_commit_marker_last(tmp_path, s3):
+    env, fs, bucket = s3
+    parts, full = nodes_of(tmp_path, 2)
+    url = f"s3://{bucket}/run"
+    rc0, _, err0 = finish(start_part(parts[0], url, 0, 2, "s3job", "--timeout", "0.5", env=env))
+    assert rc0 == 75, err0  # part 1 not there yet: nothing committed
+    # part 1 completes the set, commits, and dies after the data and the framework markers went up,
+    # before the manifest: the prefix is visibly uncommitted
+    rc, out, err = finish(start_part(parts[1], url, 1, 2, "s3job", env=env | {"CKPTDOCTOR_TEST_KILL_AT": "upload"}))
+    assert rc == -signal.SIGKILL
+    assert not fs.exists(f"{bucket}/run/{NAME}/ckptdoctor.manifest.json")
+    assert not fs.exists(f"{bucket}/run/{TRACKER}")
+    r = cli("verify", "--format", "json", f"{url}/{NAME}", env=env)
+    assert r[0] == 1 and "CKD201" in r[1]
+    # re-run: the dead committer (this host, pid gone) is taken over; a late part exits 0
+    rc, out, err = finish(start_part(parts[1], url, 1, 2, "s3job", env=env))
+    assert rc == 0 and json.loads(out)["facts"]["published"]["status"] == "committed", err
+    rc0, out0, err0 = finish(start_part(parts[0], url, 0, 2, "s3job", env=env))
+    assert rc0 == 0 and json.loads(out0)["facts"]["published"]["status"] == "already-committed", err0
+    assert fs.cat_file(f"{bucket}/run/{TRACKER}") == b"100"
+    assert not fs.exists(f"{bucket}/run/{NAME}/.ckptdoctor-publishing")
+    rc, out, err = cli("verify", "--checksums", "--format", "json", url, env=env)
+    assert rc == 0, json.loads(out)["findings"]
+    for rel in os.listdir(full):
+        assert fs.cat_file(f"{bucket}/run/{NAME}/{rel}") == (full / rel).read_bytes(), rel
+    assert not fs.exists(f"{bucket}/run/.{NAME}.ckptdoctor-parts-s3job")
+    # concurrently, into a second prefix
+    res = [finish(p) for p in [start_part(parts[k], f"{url}2", k, 2, "s3b", env=env) for k in range(2)]]
+    assert all(r[0] == 0 for r in res), res
+    assert cli("verify", "--checksums", f"{url}2", env=env)[0] == 0
+
+
+def test_parts_to_s3_conflict_names_both(tmp_path, s3):
+    env, fs, bucket = s3
+    parts, full = nodes_of(tmp_path, 2)
+    (parts[1] / "metadata.json").write_text('{"sharded_backend": "zarr"}')
+    url = f"s3://{bucket}/run"
+    res = [finish(p) for p in [start_part(parts[k], url, k, 2, "c1", "--timeout", "60", env=env) for k in range(2)]]
+    assert [r[0] for r in res] == [1, 1], res
+    assert all("metadata.json" in r[2] and "part 0" in r[2] and "part 1" in r[2] for r in res), res
+    assert not fs.exists(f"{bucket}/run/{NAME}/ckptdoctor.manifest.json")
+    assert not fs.exists(f"{bucket}/run/{TRACKER}")
