@@ -310,3 +310,36 @@ def test_parts_to_s3_conflict_names_both(tmp_path, s3):
     assert all("metadata.json" in r[2] and "part 0" in r[2] and "part 1" in r[2] for r in res), res
     assert not fs.exists(f"{bucket}/run/{NAME}/ckptdoctor.manifest.json")
     assert not fs.exists(f"{bucket}/run/{TRACKER}")
+
+
+# ---- inside the job: torch.distributed over gloo ---------------------------------------------------
+def _parts_job(out, mode):
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "fixtures", "parts_job.py"),
+                        str(out), mode], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return [json.loads((out / f"result.{r}.json").read_text()) for r in range(4)]
+
+
+def test_publish_distributed_over_gloo_commits_and_the_job_loads_it(tmp_path):
+    pytest.importorskip("torch")
+    res = _parts_job(tmp_path, "ok")
+    assert [r["status"] for r in res] == ["committed", "not-a-copier", "part-done", "not-a-copier"]
+    assert {r["committer"] for r in res} == {0} and [r["part"] for r in res] == [0, 0, 1, 1]
+    assert all(r["loaded_equal"] for r in res)  # the real multi-rank dcp.load of the published checkpoint
+    dest = tmp_path / "lustre" / "run7"
+    assert tracker_of(dest) == "100" and staging(dest) == []
+    rc, rep = verify_json(dest)
+    assert rc == 0, rep["findings"]
+    names = sorted(os.listdir(dest / NAME))
+    assert names == sorted({*os.listdir(tmp_path / "nvme" / "n0" / NAME), *os.listdir(tmp_path / "nvme" / "n1" / NAME),
+                            "ckptdoctor.manifest.json"})
+
+
+def test_publish_distributed_refuses_on_every_rank_when_a_node_lost_a_shard(tmp_path):
+    pytest.importorskip("torch")
+    res = _parts_job(tmp_path, "lost-shard")
+    assert [r["status"] for r in res] == ["refused"] * 4
+    assert all("CKD103" in r["error"] and "__3_0.distcp" in r["error"] for r in res), res[0]
+    dest = tmp_path / "lustre" / "run7"
+    assert not (dest / NAME).exists() and tracker_of(dest) is None

@@ -196,3 +196,33 @@ def test_first_step_judges_the_whole_allocation_from_every_nodes_view(lab, nodes
     text = out.read_text()
     assert r.returncode != 0 and os.listdir(trained) == [], text
     assert "CKD404" in text and "n3: iter_0000100" in text, text
+
+
+def test_publish_parts_from_every_node_with_srun(lab, nodes_root, tmp_path):
+    """issue 17: one `srun --ntasks-per-node=1 ckptdoctor publish --part $SLURM_NODEID/$SLURM_NNODES`
+    per node assembles the checkpoint no single node holds; one part commits, the tracker moves."""
+    import json
+    for n in slurm_lab.NODES:  # as Megatron saves it: every node writes the same metadata.json
+        (nodes_root / n / "run7" / "iter_0000100" / "metadata.json").write_text(
+            '{"sharded_backend": "torch_dist", "sharded_backend_version": 1}')
+    dest = tmp_path / "lustre"
+    dest.mkdir()
+    os.chmod(dest, 0o777)
+    out = tmp_path / "pub.out"
+    job = _job(tmp_path, f"srun --ntasks-per-node=1 bash -c '{CKD} publish --quiet --format json "
+                         f"{nodes_root}/$SLURMD_NODENAME/run7/iter_0000100 {dest}/run7 "
+                         f"--part $SLURM_NODEID/$SLURM_NNODES --publish-id $SLURM_JOB_ID "
+                         f"> {tmp_path}/part.$SLURM_NODEID.json'",
+               opts=["-N3", f"-o {out}"])
+    r = lab.run(["sbatch", "--wait", str(job)], timeout=180)
+    assert r.returncode == 0, (r.stderr, out.read_text() if out.exists() else "")
+    docs = [json.loads((tmp_path / f"part.{k}.json").read_text())["facts"]["published"] for k in range(3)]
+    assert sorted(d["status"] for d in docs) == ["committed", "part-done", "part-done"]
+    assert {d["publish_id"] for d in docs} == {docs[0]["publish_id"]} and docs[0]["publish_id"].isdigit()
+    assert (dest / "run7" / "latest_checkpointed_iteration.txt").read_text() == "100"
+    shards = sorted(p.name for n in slurm_lab.NODES for p in (nodes_root / n / "run7" / "iter_0000100").glob("*.distcp"))
+    assert sorted(p.name for p in (dest / "run7" / "iter_0000100").glob("*.distcp")) == shards
+    from helpers import cli
+    rc, o, e = cli("verify", "--checksums", str(dest / "run7"))
+    assert rc == 0, o + e
+    assert not [e for e in os.listdir(dest / "run7") if "ckptdoctor-parts" in e]

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Callable
 
 from ..engine.errors import InputError, UsageError
 from ..engine.runner import Engine
@@ -56,17 +58,22 @@ def run(src: str, dest_root: str, engine: Engine, *, name: str | None = None, fo
     return res
 
 
-def run_part(src: str, dest_root: str, engine: Engine, *, part: str, publish_id: str | None,
-             timeout: float = 1800.0, name: str | None = None, force: bool = False, replace: bool = False,
-             tracker: str = "auto", keep_last: int | None = None, keep_every: int | None = None,
-             workers: int | None = None):
-    """publish --part K/N: this node's files into the shared staging; the part completing the set
-    verifies the assembled checkpoint with the same engine and commits it (publishing/parts.py)."""
+@dataclass
+class PartJob:
+    """What a part publish needs besides its files: the stage (local directory or object prefix),
+    the structural verify of the assembled tree, and the after-commit step (tracker, retention)."""
+    src: str
+    name: str
+    spec: "object"
+    stage: "object"
+    verify: Callable
+    after: Callable
+
+
+def part_job(src: str, dest_root: str, engine: Engine, pspec, *, name: str | None, force: bool, tracker: str,
+             keep_last: int | None, keep_every: int | None) -> PartJob:
+    """Check the options and build the job; shared by `publish --part` and publish_distributed."""
     from ..publishing import parts
-    pspec = parts.PartSpec.parse(part, publish_id)
-    if replace:
-        raise UsageError("--replace is refused with --part: a part publish only creates a new checkpoint "
-                         "(publish under another --name)")
     if "://" in src and not src.startswith("file://"):
         raise UsageError(f"{src}: publish copies from a local checkpoint directory (node-local disk)")
     if tracker not in ("auto", "none"):
@@ -82,9 +89,6 @@ def run_part(src: str, dest_root: str, engine: Engine, *, part: str, publish_id:
         raise UsageError("--keep-last must be at least 1 (the checkpoint just published is always kept)")
     if keep_every is not None and keep_every < 1:
         raise UsageError("--keep-every must be at least 1")
-    rep = engine.report
-    rep.facts["source"] = {"path": src, "part": pspec.index, "parts": pspec.count, "publish_id": pspec.publish_id}
-
     dest = pf.destination(dest_root)
 
     def verify(tree: str):
@@ -105,22 +109,45 @@ def run_part(src: str, dest_root: str, engine: Engine, *, part: str, publish_id:
         status = vflow.check_checkpoint(eng, ck)
         if eng is not engine:
             engine.report.findings.extend(status.added)
-        return ck.layout.name, ([] if status.complete or force else list(status.reasons))
+        errors = [f"{f.rule} {f.name}: {f.message}" for f in status.added if f.severity == "error"]
+        return ck.layout.name, ([] if status.complete or force else errors or list(status.reasons))
 
     def after(res, tracker_opt, kl, ke):
         pf._after_commit(dest, name, res, tracker_opt, kl, ke)
 
+    if isinstance(dest, pf.ObjectCommit):
+        # no node knows the whole checkpoint's family before the commit: every family's literal
+        # marker names wait in the staging prefix and go up last
+        markers = {m for lay in spec.layouts().values() for group in lay.markers for m in group
+                   if not any(ch in m for ch in "*?[")}
+        stage = parts.ObjectParts(dest.fs, dest.root, name, pspec, markers)
+    else:
+        stage = parts.LocalParts(os.path.abspath(dest_root[len("file://"):] if dest_root.startswith("file://")
+                                                 else dest_root), name, pspec)
+    return PartJob(src, name, pspec, stage, verify, after)
+
+
+def run_part(src: str, dest_root: str, engine: Engine, *, part: str, publish_id: str | None,
+             timeout: float = 1800.0, name: str | None = None, force: bool = False, replace: bool = False,
+             tracker: str = "auto", keep_last: int | None = None, keep_every: int | None = None,
+             workers: int | None = None):
+    """publish --part K/N: this node's files into the shared staging; the part completing the set
+    verifies the assembled checkpoint with the same engine and commits it (publishing/parts.py)."""
+    from ..publishing import parts
+    pspec = parts.PartSpec.parse(part, publish_id)
+    if replace:
+        raise UsageError("--replace is refused with --part: a part publish only creates a new checkpoint "
+                         "(publish under another --name)")
+    job = part_job(src, dest_root, engine, pspec, name=name, force=force, tracker=tracker, keep_last=keep_last,
+                   keep_every=keep_every)
+    rep = engine.report
+    rep.facts["source"] = {"path": job.src, "part": pspec.index, "parts": pspec.count,
+                           "publish_id": pspec.publish_id}
     try:
-        stage = None
-        if isinstance(dest, pf.ObjectCommit):
-            # no node knows the whole checkpoint's family before the commit: every family's literal
-            # marker names wait in the staging prefix and go up last
-            markers = {m for lay in spec.layouts().values() for group in lay.markers for m in group
-                       if not any(ch in m for ch in "*?[")}
-            stage = parts.ObjectParts(dest.fs, dest.root, name, pspec, markers)
-        res = parts.run_part(src, dest_root, name, pspec, verify=verify, tracker=tracker, keep_last=keep_last,
-                             keep_every=keep_every, workers=workers, progress_factory=engine.progress,
-                             timeout=timeout, after_commit_fn=after, stage=stage)
+        res = parts.run_part(job.src, dest_root, job.name, pspec, verify=job.verify, tracker=tracker,
+                             keep_last=keep_last, keep_every=keep_every, workers=workers,
+                             progress_factory=engine.progress, timeout=timeout, after_commit_fn=job.after,
+                             stage=job.stage)
     except parts.PartRefused as exc:
         rep.facts["published"] = None
         rep.facts["refused"] = str(exc)

@@ -483,29 +483,66 @@ def merge_records(recs: dict[int, PartRecord], where) -> dict[str, FileRecord]:
 def run_part(src: str, dest_root: str, name: str, spec: PartSpec, *, verify, tracker: str, keep_last, keep_every,
              workers, progress_factory, timeout: float, after_commit_fn, stage=None) -> PartResult:
     """One node's part: copy, record, then elect/commit or wait.  `verify(path) -> (layout, reasons)`
-    is the structural verify of the assembled tree (its family and error reasons; none = fine).  Raises PartRefused,
-    PartTimeout or UsageError; never touches the tracker unless this part committed."""
+    is the structural verify of the assembled tree (its family and error reasons; none = fine).
+    Raises PartRefused, PartTimeout or UsageError; never touches the tracker unless this part committed."""
     t0 = time.monotonic()
-    deadline = t0 + timeout
-    res = PartResult(spec.index, spec.count, spec.publish_id, dest_root, name)
     st = stage or LocalParts(os.path.abspath(dest_root), name, spec)
-    done = st.committed_id()
-    if done == spec.publish_id:
+    res = PartResult(spec.index, spec.count, spec.publish_id, dest_root, name)
+    if begin(st, res):
         return _late(st, res, t0, "already committed", after_commit_fn, tracker, keep_last, keep_every)
-    if done is not None:
-        raise UsageError(f"{st.final} exists (not from publish id {spec.publish_id}); refusing to overwrite a "
-                         f"published checkpoint (use --name to publish under another name)")
-    res.cleaned = st.clean_stale(float(naming.config()["parts_stale_seconds"]), res.notes)
-    st.open()
     try:
-        if st.failed() is not None:
-            st.clear_failure()  # a re-run after a refused commit starts the judgement again
         _copy_part(st, src, spec, name, res, workers, progress_factory)
         faults.point("part-record")
-        return _finish(st, res, spec, name, verify, tracker, keep_last, keep_every, deadline, t0,
+        return _finish(st, res, spec, name, verify, tracker, keep_last, keep_every, t0 + timeout, t0,
                        after_commit_fn)
     finally:
         st.close()
+
+
+def begin(st: LocalParts, res: PartResult) -> bool:
+    """Open this part's stage; True when DEST_ROOT/<name> is already committed under this ID."""
+    done = st.committed_id()
+    if done == st.spec.publish_id:
+        return True
+    if done is not None:
+        raise UsageError(f"{st.final} exists (not from publish id {st.spec.publish_id}); refusing to overwrite a "
+                         f"published checkpoint (use --name to publish under another name)")
+    res.cleaned = st.clean_stale(float(naming.config()["parts_stale_seconds"]), res.notes)
+    st.open()
+    if st.failed() is not None:
+        st.clear_failure()  # a re-run after a refused commit starts the judgement again
+    return False
+
+
+def copy_part(st: LocalParts, src: str, res: PartResult, workers=None, progress_factory=None) -> None:
+    """This node's files into the stage and its record written (no election: publish_distributed
+    uses the process group as the barrier and global rank 0 commits)."""
+    _copy_part(st, src, st.spec, st.name, res, workers, progress_factory or _no_progress)
+    faults.point("part-record")
+
+
+def commit_all(st: LocalParts, res: PartResult, verify, after_commit_fn, tracker, keep_last, keep_every) -> None:
+    """Commit once every record is in (the caller knows it is); then after-commit and cleanup."""
+    missing = sorted(set(range(st.spec.count)) - st.record_count())
+    if missing:
+        raise PartRefused(f"{st.dir}: no record from parts {missing[:8]}; nothing committed")
+    _commit(st, res, st.spec, st.name, verify)
+    res.status, res.committer = "committed", st.spec.index
+    try:
+        after_commit_fn(res, tracker, keep_last, keep_every)
+    finally:
+        st.remove()
+
+
+class _no_progress:
+    def __init__(self, total=0, label=""):
+        pass
+
+    def __call__(self, n):
+        pass
+
+    def close(self):
+        pass
 
 
 def _copy_part(st: LocalParts, src: str, spec: PartSpec, name: str, res: PartResult, workers, progress_factory):
@@ -575,7 +612,27 @@ def _copy_part(st: LocalParts, src: str, spec: PartSpec, name: str, res: PartRes
     changed = snapshot_diff(before, snapshot(src))
     if changed:
         raise SourceChanged(f"source changed while publishing: {changed}")
+    _check_save_time_manifest(src, recs)
     st.write_record(PartRecord(spec.index, spec.count, spec.publish_id, name, naming.HOST, src, recs, conflicts))
+
+
+def _check_save_time_manifest(src: str, recs: dict[str, FileRecord]) -> None:
+    """A manifest written while saving (ManifestWriter on the coordinator's node) lists every
+    rank's files; each file this node holds must still have the bytes it had at save time."""
+    path = os.path.join(src, mf.NAME)
+    if not os.path.exists(path):
+        return
+    try:
+        want = mf.parse(read_regular(path, mf.MAX_MANIFEST_BYTES), mf.NAME)
+    except (mf.ManifestError, ValueError, OSError):
+        return  # verify reports a corrupt manifest (CKD154); the merged manifest is computed afresh
+    for rel, e in want.items():
+        r = recs.get(rel)
+        if r is None or e.chunk_bytes != hashing.CHUNK_BYTES:
+            continue  # held by another node (or another chunking): judged there
+        if r.size != e.size or r.digests != e.digests:
+            raise SourceChanged(f"{os.path.join(src, rel)}: this node's bytes differ from the {mf.NAME} written "
+                                f"at save time (corrupted on local disk since the save); nothing committed")
 
 
 def _finish(st, res, spec, name, verify, tracker, keep_last, keep_every, deadline, t0,
@@ -591,12 +648,7 @@ def _finish(st, res, spec, name, verify, tracker, keep_last, keep_every, deadlin
             return res
         have = st.record_count()
         if have >= set(range(spec.count)) and st.elect():
-            _commit(st, res, spec, name, verify)
-            res.status, res.committer = "committed", spec.index
-            try:
-                after_commit_fn(res, tracker, keep_last, keep_every)
-            finally:
-                st.remove()
+            commit_all(st, res, verify, after_commit_fn, tracker, keep_last, keep_every)
             res.seconds = time.monotonic() - t0
             return res
         if time.monotonic() > deadline:
