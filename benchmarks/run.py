@@ -5,6 +5,8 @@
     .venv/bin/python benchmarks/run.py structural   # verify of a 512-file / 200k-entry DCP vs torch
     .venv/bin/python benchmarks/run.py publish      # publish vs cp -r + sync
     .venv/bin/python benchmarks/run.py checksums    # verify --checksums vs xxhsum/b3sum/sha256sum/cat
+    .venv/bin/python benchmarks/run.py parts        # 2-part publish of 4 GiB vs cp -r + sync
+    .venv/bin/python benchmarks/run.py manifestwriter  # dcp.save with ManifestWriter vs FileSystemWriter
     .venv/bin/python benchmarks/run.py all
 
 Each prints a Markdown table; results are recorded by hand in benchmarks/README.md.
@@ -156,6 +158,12 @@ if __name__ == "__main__":
     if what in ("checksums", "all"):
         from checksums_bench import main as cb  # noqa
         cb()
+    if what in ("parts", "manifestwriter", "all"):
+        import parts_bench  # noqa
+        for name in ("parts", "manifestwriter"):
+            if what in (name, "all"):
+                print(f"\n## {name}\n")
+                getattr(parts_bench, name)()
     if what in ("contract", "all"):
         from contract_bench import main as cbench  # noqa
         cbench()

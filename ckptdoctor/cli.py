@@ -333,8 +333,9 @@ def publish(
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: copies stop at their next buffer, staging is removed
         CANCEL.set()
         term = isinstance(exc, Terminated)
-        _say(f"ckptdoctor: publish {'terminated' if term else 'interrupted'}: staging removed, nothing "
-             f"published, tracker untouched")
+        done = ("this part's copy in flight removed (its finished files stay staged for a re-run with the same "
+                "--publish-id), nothing" if part is not None else "staging removed, nothing")
+        _say(f"ckptdoctor: publish {'terminated' if term else 'interrupted'}: {done} published, tracker untouched")
         raise typer.Exit(143 if term else 130) from None
     finally:
         signal.signal(signal.SIGTERM, old)
