@@ -124,6 +124,22 @@ def test_conflicting_metadata_on_two_nodes_names_both(tmp_path):
     assert verify_json(dest)[0] == 0  # the previous checkpoint is intact and still the resume target
 
 
+def test_a_stale_file_left_in_staging_by_a_dead_run_is_never_committed(tmp_path):
+    """A dead earlier run placed common.pt (then the node saved again): the re-run finds a copy in
+    place that is not its own and not in any journal; it compares instead of trusting it."""
+    parts, full = nodes_of(tmp_path, 2)
+    dest = tmp_path / "dest"
+    tree = dest / ".iter_0000100.ckptdoctor-parts-job5" / NAME
+    tree.mkdir(parents=True)
+    stale = bytearray((full / "common.pt").read_bytes())
+    stale[len(stale) // 2] ^= 0xFF  # same size, other bytes
+    (tree / "common.pt").write_bytes(bytes(stale))
+    res = [finish(p) for p in [start_part(parts[k], dest, k, 2, "job5") for k in range(2)]]
+    assert [r[0] for r in res] == [1, 1], res
+    assert all("common.pt" in r[2] and "different bytes" in r[2] for r in res), res
+    assert not (dest / NAME).exists()
+
+
 def _phase_log(path):
     return [l.split()[0] for l in open(path)] if os.path.exists(path) else []
 
@@ -298,6 +314,22 @@ def test_parts_to_s3_commit_marker_last(tmp_path, s3):
     res = [finish(p) for p in [start_part(parts[k], f"{url}2", k, 2, "s3b", env=env) for k in range(2)]]
     assert all(r[0] == 0 for r in res), res
     assert cli("verify", "--checksums", f"{url}2", env=env)[0] == 0
+
+
+def test_parts_to_s3_racing_uploads_of_different_bytes_are_refused(tmp_path, s3):
+    """Both nodes find no common.pt object and both upload theirs (paused between the check and the
+    upload): no node compared, so only the records disagree -- and that refuses the commit."""
+    env, fs, bucket = s3
+    parts, full = nodes_of(tmp_path, 2)
+    import torch
+    torch.save({"iteration": 100, "args": {"lr": 1e-3}}, parts[1] / "common.pt")  # node 1 saved other args
+    url = f"s3://{bucket}/run"
+    slow = env | {"CKPTDOCTOR_TEST_PAUSE_AT": "put:1.5"}  # wider than the two start-ups differ
+    res = [finish(p) for p in [start_part(parts[k], url, k, 2, "race", "--timeout", "60", "--workers", "8",
+                                          env=slow) for k in range(2)]]
+    assert [r[0] for r in res] == [1, 1], res
+    assert all("common.pt" in r[2] and "part 0" in r[2] and "part 1" in r[2] for r in res), res
+    assert not fs.exists(f"{bucket}/run/{NAME}/ckptdoctor.manifest.json")
 
 
 def test_parts_to_s3_conflict_names_both(tmp_path, s3):

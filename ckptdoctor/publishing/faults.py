@@ -1,7 +1,8 @@
 """Deterministic fault injection for the crash tests (environment variables, off by default).
 
 CKPTDOCTOR_TEST_KILL_AT=PHASE     SIGKILL this process when publish reaches PHASE
-                                  (copy, manifest, rename, swap, tracker-temp, tracker, prune, upload)
+                                  (copy, manifest, rename, swap, tracker-temp, tracker, prune, upload;
+                                  parts: part-record, put)
 CKPTDOCTOR_TEST_ENOSPC_AFTER=N    fail a write with ENOSPC once N bytes were copied (for machines
                                   where the tests cannot mount a small filesystem)
 CKPTDOCTOR_TEST_PAUSE_AT=PHASE:S  sleep S seconds when publish reaches PHASE (to order two publishes)

@@ -804,6 +804,7 @@ class ObjectParts(LocalParts):
         if self.fs.exists(target):
             c = hash_file(src, progress=progress)
             return Copied(rel, c.size, c.digests), False
+        faults.point("put")  # two nodes may both find no object and both upload: the records then disagree
         st0 = os.stat(src)
         cd = ChunkDigests()
         with open(src, "rb") as fi, self.fs.open(target, "wb") as fo:
