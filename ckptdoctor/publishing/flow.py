@@ -34,15 +34,10 @@ class PublishRefused(CkptDoctorError):
     exit_code = 1
 
 
-@dataclass
-class PublishResult:
-    source: str
-    dest: str
-    name: str
-    status: str = "published"          # published | unchanged | replaced
-    files: int = 0
-    bytes: int = 0
-    seconds: float = 0.0
+@dataclass(kw_only=True)
+class AfterCommitResult:
+    """What the after-commit step (tracker, retention) and leftover cleaning record; shared by a
+    single-node publish and a part publish."""
     tracker: dict | None = None        # {file, old, new, written, note}
     pruned: list[str] = field(default_factory=list)
     kept: dict[str, str] = field(default_factory=dict)
@@ -50,7 +45,19 @@ class PublishResult:
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return dict(self.__dict__)
+        d = dict(self.__dict__)  # the subclass's own fields first, as the report has always shown them
+        return {k: d[k] for k in sorted(d, key=lambda k: k in AfterCommitResult.__dataclass_fields__)}
+
+
+@dataclass
+class PublishResult(AfterCommitResult):
+    source: str
+    dest: str
+    name: str
+    status: str = "published"          # published | unchanged | replaced
+    files: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
 
 
 def _now() -> str:

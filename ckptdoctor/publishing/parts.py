@@ -38,6 +38,7 @@ from ..io.atomic import fsync_dir, rename_noreplace, replace_file, write_new
 from ..io.fs import read_regular
 from ..layouts import manifest as mf
 from . import faults, naming
+from .flow import AfterCommitResult
 from .copier import CANCEL, Cancelled, ChunkDigests, Copied, SourceChanged, copy_file, list_tree, snapshot, \
     snapshot_diff
 
@@ -126,7 +127,7 @@ class PartRecord:
 
 
 @dataclass
-class PartResult:
+class PartResult(AfterCommitResult):
     """What one part did (the `published` fact of `publish --part`)."""
     part: int
     parts: int
@@ -141,14 +142,6 @@ class PartResult:
     resumed: int = 0                # files an earlier run of this part had already placed (journal)
     committer: int | None = None    # the part that committed (when known)
     seconds: float = 0.0
-    tracker: dict | None = None
-    pruned: list[str] = field(default_factory=list)
-    kept: dict[str, str] = field(default_factory=dict)
-    cleaned: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
 
 
 def hash_file(path: str, chunk: int = hashing.CHUNK_BYTES, progress=None) -> Copied:
