@@ -109,6 +109,9 @@ MUTANTS = [
       "a slow older publish moves the tracker backwards"),
     M("source-snapshot-ignored", "ckptdoctor/publishing/flow.py", "        if changed:\n", "        if False:\n",
       ("tests/test_reliability.py",), "a source rewritten during the copy is published as a mixed generation"),
+    M("CKD129-length-header", "ckptdoctor/layouts/ocdbt.py", "    if length != size:", "    if length < size:",
+      ("tests/test_wild.py::test_orbax_verdict_matches_the_real_restore",),
+      "an Orbax b-tree node cut short passes (the real restore fails)"),
     # ---- publish --part: agreement, completeness, election, save-time digests ---------------------
     M("parts-conflict-ignored", "ckptdoctor/publishing/parts.py",
       "            if (f0.size, f0.digests) != (f.size, f.digests):", "            if False:",

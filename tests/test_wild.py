@@ -113,3 +113,41 @@ def test_trainer_written_checkpoint_damage(wild):
     raw = (run / "checkpoint-1" / "trainer_state.json").read_bytes()
     (run / "checkpoint-1" / "trainer_state.json").write_bytes(raw[:50])
     assert_fires(api.verify(str(run)), "CKD126", path_contains="checkpoint-1/trainer_state.json")
+
+
+# ---- Orbax (orbax-checkpoint + jax on CPU; outputs and the real restore's verdicts by make_orbax.py) ----
+ORBAX_RESTORE = json.loads((WILD / "orbax" / "restore.json").read_text())
+
+
+@pytest.mark.parametrize("damage", sorted(ORBAX_RESTORE))
+def test_orbax_verdict_matches_the_real_restore(wild, damage):
+    """For each damage, what the real CheckpointManager.restore did (recorded by make_orbax.py):
+    verify errors, naming the damaged file, exactly when the restore failed; a damage the restore
+    does not mind (process copies nothing names, metadata files, the local commit file) is not even
+    a warning."""
+    import sys
+    sys.path.insert(0, str(WILD.parent))
+    from orbax_damage import DAMAGES
+    run = wild("orbax/run")
+    DAMAGES[damage](str(run / "20"))
+    rep = api.verify(str(run))
+    want = ORBAX_RESTORE[damage]
+    if want["restored"]:
+        assert not loud(rep), loud(rep)
+    else:
+        errs = [f for f in rep.findings if f.severity == "error"]
+        assert errs and all(f.rule == "CKD129" for f in errs), loud(rep)
+        assert any(f.path.endswith(want["file"]) for f in errs), (want["file"], loud(rep))
+        assert_fires(rep, "CKD129", path_contains=want["file"])
+    assert rep.facts["layout"] == "orbax-run"
+
+
+def test_orbax_object_store_still_needs_the_commit_file(s3):
+    """On object stores Orbax requires commit_success.txt (no rename commits there)."""
+    env, fs, bucket = s3
+    src = WILD / "orbax" / "run" / "20"
+    for p in src.rglob("*"):
+        if p.is_file() and p.name != "commit_success.txt":
+            fs.pipe_file(f"{bucket}/run/20/{p.relative_to(src)}", p.read_bytes())
+    rep = api.verify(f"s3://{bucket}/run/20")
+    assert_fires(rep, "CKD101")

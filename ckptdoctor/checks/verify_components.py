@@ -278,3 +278,72 @@ def peft_adapter_mismatch(ck, eng):
                   details={"file": lora["weights"], "r": r, "target_modules": targets},
                   hint="the adapter and its config come from different saves; PeftModel.from_pretrained "
                        "would fail or load the wrong shapes")
+
+
+@check("CKD129", "checkpoint")
+def orbax_item_damaged(ck, eng):
+    """An Orbax item stored in OCDBT must have its root manifest, and every file the root names
+    (the nodes under d/ and the data files they point at) must exist and be as long as its own
+    header says.  Files nothing names (process-level copies after the merge) are not judged:
+    Orbax restores without them."""
+    spec = ck.layout.extra.get("ocdbt") if ck.layout is not None else None
+    if not spec:
+        return
+    import fnmatch
+    from ..layouts import ocdbt
+    for item in sorted(ck.dirs):
+        base = ck.relpath(item)
+        try:
+            entries = {e.name: e for e in ck.storage.listdir(base)}
+        except OSError:
+            continue  # CKD901 territory; the structural walk reports unreadable directories
+        procs = [n for n, e in entries.items() if e.is_dir and fnmatch.fnmatch(n, spec["process_dirs"])]
+        nodes_dir = entries.get(spec["nodes"])
+        if not procs and not (nodes_dir and nodes_dir.is_dir) and spec["manifest"] not in entries:
+            continue  # not an OCDBT item (a JSON item, a plain directory)
+        man = entries.get(spec["manifest"])
+        if man is None or not man.is_file:
+            yield Hit(ck.path(f"{item}/{spec['manifest']}"), f"{item}/{spec['manifest']} is missing: the item's "
+                      f"array store has no root, and Orbax cannot restore any array of {item!r}",
+                      details={"item": item, "file": f"{item}/{spec['manifest']}", "problem": "missing"})
+            continue
+        named = [spec["manifest"]]
+        if nodes_dir and nodes_dir.is_dir:
+            try:
+                named += [f"{spec['nodes']}/{e.name}" for e in ck.storage.listdir(f"{base}/{spec['nodes']}")
+                          if e.is_file]
+            except OSError:
+                pass
+        seen: set[str] = set()
+        queue = list(named)
+        while queue:  # the root, the nodes under d/, and every data file a readable node names
+            rel = queue.pop(0)
+            if rel in seen or len(seen) > 100_000:
+                continue
+            seen.add(rel)
+            st = ck.storage.stat(f"{base}/{rel}")
+            if st is None or not st.is_file:
+                yield Hit(ck.path(f"{item}/{rel}"), f"{item}/{rel} is missing: the item's b-tree names it, and "
+                          f"Orbax fails reading the arrays stored there", details={"item": item, "file": f"{item}/{rel}",
+                                                                                   "problem": "missing"})
+                continue
+            try:
+                head = ck.storage.read_range(f"{base}/{rel}", 0, ocdbt.HEADER)
+            except OSError:
+                continue
+            if head[:4] == ocdbt.ZSTD_MAGIC:  # a value file: zstd frames, no OCDBT header
+                bad = ocdbt.zstd_problem(lambda off, n, r=f"{base}/{rel}": ck.storage.read_range(r, off, n), st.size)
+            elif head[:4] in ocdbt.MAGICS or rel == spec["manifest"] or rel.startswith(spec["nodes"] + "/"):
+                bad = ocdbt.header_problem(head, st.size)
+            else:
+                bad = None  # an uncompressed value file carries no framing to check
+            if bad:
+                yield Hit(ck.path(f"{item}/{rel}"), f"{item}/{rel}: {bad}; Orbax fails reading it",
+                          details={"item": item, "file": f"{item}/{rel}", "problem": bad})
+                continue
+            if rel == spec["manifest"] or rel.startswith(spec["nodes"] + "/"):
+                try:
+                    data = ck.storage.read(f"{base}/{rel}", 64 << 20)
+                except (OSError, ValueError):
+                    continue
+                queue += sorted(ocdbt.references(data) - seen)

@@ -5,7 +5,10 @@ from ..engine.registry import check
 
 @check("CKD101", "checkpoint")
 def marker_missing(ck, eng):
-    for group in ck.layout.markers:
+    groups = ck.layout.markers
+    if ck.storage.local and ck.layout.extra.get("local_markers"):  # the family says a rename commits here
+        groups = tuple(tuple(g) for g in ck.layout.extra["local_markers"])
+    for group in groups:
         if not [e for e in ck.matching(group) if e.is_file]:  # a FIFO named .metadata commits nothing
             yield Hit(ck.display, f"commit marker {' or '.join(group)} is missing: the save never "
                                   f"committed ({ck.layout.title})",
