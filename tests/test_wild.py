@@ -151,3 +151,33 @@ def test_orbax_object_store_still_needs_the_commit_file(s3):
             fs.pipe_file(f"{bucket}/run/20/{p.relative_to(src)}", p.read_bytes())
     rep = api.verify(f"s3://{bucket}/run/20")
     assert_fires(rep, "CKD101")
+
+
+# ---- nvidia-resiliency-ext (0.4.1, two gloo ranks; outputs and the real load's outcome by make_nvrx.py) --
+NVRX_LOAD = json.loads((WILD / "nvrx" / "load.json").read_text())
+
+
+@pytest.mark.parametrize("variant", sorted(NVRX_LOAD))
+def test_nvrx_verdict_matches_the_real_load(wild, variant):
+    """A root of NVRx per-rank directories is recognised (no CKD902), and the verdict follows what
+    the real find_latest + load did: loads the newest iteration -> clean; silently falls back to an
+    older iteration -> a warning naming the missing file; starts from scratch or fails to load -> an
+    error naming the file."""
+    rep = api.verify(str(wild(f"nvrx/{variant}")))
+    real = NVRX_LOAD[variant]
+    assert rep.facts["layout"] == "nvrx-local", rep.facts
+    errors = [f for f in rep.findings if f.severity == "error"]
+    warnings = [f for f in rep.findings if f.severity == "warning"]
+    newest = max(int(p.name[5:12]) for p in (WILD / "nvrx" / variant).rglob("iter_*"))
+    if real["loaded"] and real["latest"] == newest:
+        assert not loud(rep), loud(rep)
+    elif real["loaded"]:  # an older iteration resumes: progress since it is lost, without a word from NVRx
+        assert not errors and [f.rule for f in warnings] == ["CKD118"], loud(rep)
+        assert f"resume from iteration {real['latest']}" in warnings[0].message
+        assert "1/iter_0000200_1_local.pt" in warnings[0].message
+    else:
+        assert errors, loud(rep)
+        if real["latest"] < 0:
+            assert_fires(rep, "CKD118", severity="error")
+        else:  # the newest iteration is there on every rank but a file of it does not load
+            assert_fires(rep, "CKD117", path_contains="1/iter_0000200_1_local.pt")

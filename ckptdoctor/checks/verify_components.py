@@ -347,3 +347,53 @@ def orbax_item_damaged(ck, eng):
                 except (OSError, ValueError):
                     continue
                 queue += sorted(ocdbt.references(data) - seen)
+
+
+@check("CKD118", "checkpoint")
+def nvrx_iteration_incomplete(ck, eng):
+    """NVRx resumes from the newest iteration every rank holds and falls back silently: name the
+    ranks here that lack the newest iteration (and their unfinished `.dirty` writes)."""
+    spec = ck.layout.extra.get("nvrx") if ck.layout is not None else None
+    if not spec:
+        return
+    import re
+    from ..layouts.spec import families
+    fam = families().get(ck.layout.family)
+    if fam is None or not fam.local:
+        return
+    ranks = sorted(d for d in ck.dirs if re.fullmatch(fam.local["rank_dir"], d))
+    held: dict[str, set[int]] = {}
+    dirty: dict[str, list[str]] = {}
+    for r in ranks:
+        try:
+            entries = ck.storage.listdir(ck.relpath(r))
+        except OSError:
+            continue
+        held[r], dirty[r] = set(), []
+        for e in entries:
+            m = re.fullmatch(fam.local["file"], e.name)
+            if m and e.is_file and int(m["owner"]) == int(r):
+                held[r].add(int(m["step"]))
+            md = re.fullmatch(spec["dirty"], e.name)
+            if md:
+                dirty[r].append(e.name)
+    every = set.intersection(*held.values()) if held else set()
+    seen = set().union(*held.values()) if held else set()
+    seen |= {int(re.fullmatch(spec["dirty"], n)["step"]) for names in dirty.values() for n in names}
+    if not seen:
+        return
+    newest, resume = max(seen), (max(every) if every else None)
+    if newest == resume:
+        return
+    lacking = [r for r in held if newest not in held[r]]
+    files = [f"{r}/iter_{newest:07d}_{r}_local.pt" for r in lacking]
+    unfinished = [f"{r}/{n}" for r in lacking for n in dirty.get(r, []) if f"iter_{newest:07d}_" in n]
+    shown = ", ".join(files[:5]) + (f" (+{len(files) - 5} more)" if len(files) > 5 else "")
+    msg = (f"iteration {newest} is incomplete here: {shown} missing"
+           + (f" ({len(unfinished)} unfinished .dirty write(s): {', '.join(unfinished[:3])})" if unfinished else "")
+           + (f"; NVRx will silently resume from iteration {resume}" if resume is not None else
+              "; no iteration is held by every rank here: NVRx will start from scratch"))
+    yield Hit(ck.display, msg, severity=None if resume is None else "warning",
+              details={"newest": newest, "resume_from": resume, "missing": files, "dirty": unfinished,
+                       "ranks": len(held)},
+              hint="the save of that iteration died; the older iteration is what resumes (or re-save)")

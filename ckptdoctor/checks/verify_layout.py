@@ -54,6 +54,17 @@ def _archives(ck):
     if ck.layout.reader == "megatron-legacy":
         rank_file = ck.layout.extra.get("rank_file", "model_optim_rng.pt")
         names += [f"{d}/{rank_file}" for d in sorted(ck.dirs) if MP_RANK_RE.match(d)]
+    inside = ck.layout.extra.get("archives_in_dirs")
+    if inside:  # per-rank subdirectories (NVRx): the family names the directory and file patterns
+        import re
+        for d in sorted(ck.dirs):
+            if re.fullmatch(inside["dir"], d):
+                try:
+                    entries = ck.storage.listdir(ck.relpath(d))
+                except OSError:
+                    continue
+                names += [f"{d}/{e.name}" for e in sorted(entries, key=lambda e: e.name)
+                          if e.is_file and re.fullmatch(inside["file"], e.name) and not e.name.endswith(".dirty.pt")]
     return names
 
 

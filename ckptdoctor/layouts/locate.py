@@ -61,7 +61,8 @@ def locate(st: Storage, layout_name: str | None = None) -> Located:
     if run_layout:
         return Located(run=_run(st, run_layout, entries, dirs))
     if own is None:
-        return Located()
+        local = _by_local_files(st, dirs)
+        return Located(checkpoint=CheckpointView(st, "", local)) if local else Located()
     return Located(checkpoint=CheckpointView(st, "", own))
 
 
@@ -88,6 +89,24 @@ def _by_children(st: Storage, dirs: set[str]):
                 continue
             if any(spec.match_any(n, lay.child_files) for n in names):
                 return lay
+    return None
+
+
+def _by_local_files(st: Storage, dirs: set[str]):
+    """A root of node-local per-rank directories (a family with `local` patterns, e.g. NVRx):
+    its checkpoint layout, when a rank directory holds one of its files."""
+    import re
+    for fam in spec.families().values():
+        if not fam.local or not fam.checkpoints:
+            continue
+        dirty = fam.checkpoints[0].extra.get("nvrx", {}).get("dirty")
+        for d in sorted(x for x in dirs if re.fullmatch(fam.local["rank_dir"], x))[:16]:
+            try:
+                names = [e.name for e in st.listdir(d)]
+            except OSError:
+                continue
+            if any(re.fullmatch(fam.local["file"], n) or (dirty and re.fullmatch(dirty, n)) for n in names):
+                return fam.checkpoints[0]
     return None
 
 

@@ -119,7 +119,8 @@ def open_view(node: str, location: str) -> NodeView:
         v.problem = f"cannot list: {exc.strerror or exc}"
         return v
     try:
-        if found.checkpoint is not None:       # the location is itself one checkpoint
+        local_root = found.checkpoint is not None and bool(spec.families()[found.checkpoint.layout.family].local)
+        if found.checkpoint is not None and not local_root:  # the location is itself one checkpoint
             v.kind = "checkpoint"
             ck = found.checkpoint
             v.checkpoints[""] = Ckpt(ck.name, None, _files(st, ""), ck.layout)
