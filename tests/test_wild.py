@@ -181,3 +181,40 @@ def test_nvrx_verdict_matches_the_real_load(wild, variant):
             assert_fires(rep, "CKD118", severity="error")
         else:  # the newest iteration is there on every rank but a file of it does not load
             assert_fires(rep, "CKD117", path_contains="1/iter_0000200_1_local.pt")
+
+
+# ---- Lightning save_last=True: which file ckpt_path="last" resumes from (make_lightning_last.py) ---------
+LIGHTNING_RESUME = json.loads((WILD / "lightning-last" / "resume.json").read_text())
+
+
+@pytest.mark.parametrize("variant", sorted(LIGHTNING_RESUME))
+def test_lightning_last_copy_behind_the_newest_step(wild, variant):
+    """The real fit(ckpt_path="last") started at the recorded global_step; verify warns (CKD119,
+    naming last.ckpt) exactly when that is behind the newest step checkpoint beside it."""
+    rep = api.verify(str(wild(f"lightning-last/{variant}/checkpoints")))
+    newest = max(int(p.name.split("step=")[1].split(".")[0])
+                 for p in (WILD / "lightning-last" / variant / "checkpoints").glob("epoch=*"))
+    if LIGHTNING_RESUME[variant] < newest:
+        hits = assert_fires(rep, "CKD119", path_contains="last.ckpt", severity="warning")
+        assert f"holds step {LIGHTNING_RESUME[variant]}" in hits[0].message
+        assert not [f for f in rep.findings if f.severity == "error"]
+    else:
+        assert not loud(rep), loud(rep)
+
+
+def test_lightning_sharded_ckpt_directory(wild):
+    """FSDPStrategy(state_dict_type="sharded") saves <name>.ckpt/ as a directory: DCP files, then
+    meta.pt last (Lightning loads a directory as sharded only with meta.pt).  Built here with torch's
+    own dcp.save + torch.save in that order (Lightning's FSDP needs GPUs on this machine): no false
+    alarm while whole; the missing meta.pt is named."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed.checkpoint as dcp
+    ck = wild("lightning/checkpoints")
+    sharded = ck / "epoch=0-step=3.ckpt"
+    dcp.save({"model": {"layer.weight": torch.ones(1, 8)}}, checkpoint_id=str(sharded), no_dist=True)
+    torch.save({"epoch": 0, "global_step": 3}, sharded / "meta.pt")
+    rep = api.verify(str(ck))
+    assert not loud(rep), loud(rep)
+    (sharded / "meta.pt").unlink()
+    rep = api.verify(str(ck))
+    assert_fires(rep, "CKD101", path_contains="epoch=0-step=3.ckpt", severity="error")

@@ -397,3 +397,44 @@ def nvrx_iteration_incomplete(ck, eng):
               details={"newest": newest, "resume_from": resume, "missing": files, "dirty": unfinished,
                        "ranks": len(held)},
               hint="the save of that iteration died; the older iteration is what resumes (or re-save)")
+
+
+@check("CKD119", "checkpoint")
+def resume_file_behind(ck, eng):
+    """Lightning `ckpt_path="last"` resumes from the `last*.ckpt` with the newest mtime; a save_last
+    copy older (by its own global_step) than a step checkpoint beside it loses that progress."""
+    spec = ck.layout.extra.get("last_file") if ck.layout is not None else None
+    if not spec:
+        return
+    import re
+    from ..io import ptfile
+    last_re, step_re = re.compile(spec["last"]), re.compile(spec["step_in_name"])
+    lasts = [e for e in ck.files.values() if last_re.match(e.name) and e.is_file and e.mtime is not None]
+    if not lasts:
+        return  # no last file, or a dangling link (CKD125): Lightning drops those
+    chosen = max(lasts, key=lambda e: e.mtime)
+
+    def step_of(name):
+        try:
+            with ck.storage.open(ck.relpath(name)) as fh:
+                obj = ptfile.read_pt(fh)
+        except (ptfile.PtError, ptfile.RefusedGlobal, OSError):
+            return None  # CKD117 / CKD127 say why it cannot be read
+        v = obj.get(spec["step_key"]) if isinstance(obj, dict) else None
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+    at = step_of(chosen.name)
+    if at is None:
+        return
+    others = {}
+    for e in ck.files.values():
+        if e is chosen or last_re.match(e.name) or not e.name.endswith(spec["suffix"]):
+            continue
+        m = step_re.search(e.name)
+        others[e.name] = int(m.group(1)) if m else step_of(e.name)
+    newer = sorted(((s, n) for n, s in others.items() if s is not None and s > at), reverse=True)
+    if newer:
+        s, n = newer[0]
+        yield Hit(ck.path(chosen.name), f"{chosen.name} holds step {at} but {n} is at step {s}: "
+                  f"`ckpt_path=\"last\"` resumes from {chosen.name} and loses {s - at} step(s)",
+                  details={"file": chosen.name, "step": at, "newest": n, "newest_step": s},
+                  hint=f"resume with ckpt_path pointing at {n}, or replace {chosen.name} with it")

@@ -50,7 +50,8 @@ def rank_grid_incomplete(ck, eng):
 
 
 def _archives(ck):
-    names = [e.name for e in ck.matching(ck.layout.optional_archives)]
+    # regular files only: a Lightning sharded save is a *directory* named <name>.ckpt (CKD101 judges it)
+    names = [e.name for e in ck.matching(ck.layout.optional_archives) if not e.is_dir]
     if ck.layout.reader == "megatron-legacy":
         rank_file = ck.layout.extra.get("rank_file", "model_optim_rng.pt")
         names += [f"{d}/{rank_file}" for d in sorted(ck.dirs) if MP_RANK_RE.match(d)]

@@ -14,6 +14,21 @@ def marker_missing(ck, eng):
                                   f"committed ({ck.layout.title})",
                       details={"expected": list(group), "layout": ck.layout.name},
                       hint="do not resume from this checkpoint")
+    sharded = ck.layout.extra.get("sharded_dirs")
+    if sharded:  # checkpoints saved as a directory inside this one (Lightning's sharded <name>.ckpt/)
+        for e in ck.matching(tuple(sharded["names"])):
+            if not e.is_dir:
+                continue
+            try:
+                inside = {x.name for x in ck.storage.listdir(ck.relpath(e.name)) if x.is_file}
+            except OSError:
+                continue
+            for group in sharded["markers"]:
+                if not inside & set(group):
+                    yield Hit(ck.path(e.name), f"{e.name}/{' or '.join(group)} is missing: the sharded save "
+                              f"never committed ({sharded['why']})",
+                              details={"expected": list(group), "checkpoint": e.name},
+                              hint="do not resume from this checkpoint")
 
 
 @check("CKD102", "checkpoint")

@@ -74,6 +74,11 @@ def _storage_type(name: str):
     return DType(dtype or name)
 
 
+class AttrDict(dict):
+    """collections.OrderedDict's stand-in: a dict that also takes the attributes a pickle BUILDs
+    onto it (a module state_dict carries `_metadata`; Lightning .ckpt files pickle those)."""
+
+
 TORCH_ALLOW = {
     ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
     ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
@@ -82,7 +87,7 @@ TORCH_ALLOW = {
     ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
     ("torch", "Size"): tuple,
     ("torch", "device"): str,
-    ("collections", "OrderedDict"): dict,
+    ("collections", "OrderedDict"): AttrDict,
     ("collections", "defaultdict"): lambda *a: {},
     ("builtins", "set"): set,
     ("builtins", "frozenset"): frozenset,
