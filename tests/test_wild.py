@@ -206,7 +206,8 @@ def test_lightning_sharded_ckpt_directory(wild):
     """FSDPStrategy(state_dict_type="sharded") saves <name>.ckpt/ as a directory: DCP files, then
     meta.pt last (Lightning loads a directory as sharded only with meta.pt).  Built here with torch's
     own dcp.save + torch.save in that order (Lightning's FSDP needs GPUs on this machine): no false
-    alarm while whole; the missing meta.pt is named."""
+    alarm while whole; the missing meta.pt is named; a truncated shard inside is named, and torch's
+    own dcp.load fails on it."""
     torch = pytest.importorskip("torch")
     import torch.distributed.checkpoint as dcp
     ck = wild("lightning/checkpoints")
@@ -215,6 +216,12 @@ def test_lightning_sharded_ckpt_directory(wild):
     torch.save({"epoch": 0, "global_step": 3}, sharded / "meta.pt")
     rep = api.verify(str(ck))
     assert not loud(rep), loud(rep)
+    shard = next(sharded.glob("__0_*.distcp"))
+    os.truncate(shard, 100)
+    rep = api.verify(str(ck))
+    assert_fires(rep, "CKD104", path_contains=f"epoch=0-step=3.ckpt/{shard.name}", severity="error")
+    with pytest.raises(BaseException):
+        dcp.load({"model": {"layer.weight": torch.zeros(1, 8)}}, checkpoint_id=str(sharded))
     (sharded / "meta.pt").unlink()
     rep = api.verify(str(ck))
     assert_fires(rep, "CKD101", path_contains="epoch=0-step=3.ckpt", severity="error")

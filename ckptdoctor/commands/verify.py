@@ -30,6 +30,7 @@ def check_checkpoint(engine: Engine, ck: CheckpointView) -> CheckpointStatus:
             if f:
                 added.append(f)
     added += engine.run_scope("checkpoint", ck)
+    added += _nested(engine, ck)
     status.findings = len(added)
     status.added = added
     for f in added:
@@ -37,6 +38,21 @@ def check_checkpoint(engine: Engine, ck: CheckpointView) -> CheckpointStatus:
             status.complete = False
             status.reasons.append(f"{f.rule} {f.name}")
     return status
+
+
+def _nested(engine: Engine, ck: CheckpointView) -> list:
+    """Checkpoints saved as a directory inside this one, judged by their own family (Lightning's
+    sharded `<name>.ckpt/` is a DCP save: `extra.sharded_dirs` names the pattern and the layout)."""
+    nested = ck.layout.extra.get("sharded_dirs") if ck.layout is not None else None
+    if not nested or not nested.get("layout"):
+        return []
+    from ..layouts import spec
+    added = []
+    for e in ck.matching(tuple(nested["names"])):
+        if e.is_dir:
+            sub = CheckpointView(ck.storage, ck.relpath(e.name), spec.get(nested["layout"]), ck.step, ck.run)
+            added += engine.run_scope("checkpoint", sub)
+    return added
 
 
 def run(location: str, engine: Engine, layout: str | None = None, target: str = "all") -> Report:
