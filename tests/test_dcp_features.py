@@ -102,5 +102,8 @@ def test_huggingface_writer_distributed_with_consolidation(tmp_path):
     shutil.copytree(out, dead)
     for f in ("model-00001-of-00001.safetensors", "model.safetensors.index.json"):
         (dead / f).unlink()
-    rc, out_, err = cli("verify", str(dead))
+    rc, out_, err = cli("verify", "--format", "json", str(dead))
     assert rc == 1, out_
+    doc = json.loads(out_)
+    assert doc["facts"]["layout"] == "hf-dcp-sharded"  # recognised, not "unknown layout"
+    assert [f["rule"] for f in doc["findings"] if f["severity"] == "error"] == ["CKD101"]
