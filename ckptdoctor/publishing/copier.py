@@ -178,6 +178,29 @@ def copy_tree(src: str, dst: str, dirs: list[str], files: dict[str, int], worker
     return out
 
 
+def upload_file(fs, src: str, target: str, rel: str, progress=None) -> Copied:
+    """Stream one local file to an fsspec object while hashing it (one read).  Multipart uploads
+    complete on close, so the object never appears partially under its name; a source that moves
+    while read raises SourceChanged, an interrupt Cancelled."""
+    st0 = os.stat(src)
+    cd = ChunkDigests()
+    with open(src, "rb") as fi, fs.open(target, "wb") as fo:
+        while True:
+            if CANCEL.is_set():
+                raise Cancelled(f"{rel}: upload cancelled")
+            b = fi.read(cd.want(8 << 20))
+            if not b:
+                break
+            fo.write(b)
+            cd.update(b)
+            if progress:
+                progress(len(b))
+    st1 = os.stat(src)
+    if cd.total != st0.st_size or (st1.st_size, st1.st_mtime_ns) != (st0.st_size, st0.st_mtime_ns):
+        raise SourceChanged(f"{src}: changed while being uploaded; is the checkpoint still being written?")
+    return Copied(rel, cd.total, cd.finish())
+
+
 def fsync_tree_dirs(root: str, dirs: list[str]) -> None:
     from ..io.atomic import fsync_dir
     for d in sorted(dirs, key=lambda p: -p.count("/")):

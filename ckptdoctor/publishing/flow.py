@@ -437,25 +437,13 @@ def _upload(fs, src: str, final: str, rels: list[str], workers, progress) -> dic
     """Stream each file to its final object name while hashing it (one read).  Multipart uploads
     complete on close, so an object never appears partially under its name."""
     from concurrent.futures import ThreadPoolExecutor
-    from .copier import ChunkDigests, Copied
+    from .copier import Copied, upload_file
 
     def one(rel: str) -> Copied:
-        st0 = os.stat(os.path.join(src, rel))
-        cd = ChunkDigests()
-        with open(os.path.join(src, rel), "rb") as fi, fs.open(f"{final}/{rel}", "wb") as fo:
-            while True:
-                b = fi.read(cd.want(8 << 20))
-                if not b:
-                    break
-                fo.write(b)
-                cd.update(b)
-                if progress:
-                    progress(len(b))
-        st1 = os.stat(os.path.join(src, rel))
-        if cd.total != st0.st_size or (st1.st_size, st1.st_mtime_ns) != (st0.st_size, st0.st_mtime_ns):
-            raise InputError(f"publish aborted: {os.path.join(src, rel)} changed while being uploaded; "
-                             f"not committed")
-        return Copied(rel, cd.total, cd.finish())
+        try:
+            return upload_file(fs, os.path.join(src, rel), f"{final}/{rel}", rel, progress)
+        except SourceChanged as exc:
+            raise InputError(f"publish aborted: {exc}; not committed") from None
 
     workers = workers or min(8, 2 * (os.cpu_count() or 1))
     if len(rels) <= 1:

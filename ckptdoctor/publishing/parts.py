@@ -40,7 +40,7 @@ from ..layouts import manifest as mf
 from . import faults, naming
 from .flow import AfterCommitResult
 from .copier import CANCEL, Cancelled, ChunkDigests, Copied, SourceChanged, copy_file, list_tree, snapshot, \
-    snapshot_diff
+    snapshot_diff, upload_file
 
 RECORD_SCHEMA = "ckptdoctor.part/v1"
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,63}", re.ASCII)
@@ -798,23 +798,7 @@ class ObjectParts(LocalParts):
             c = hash_file(src, progress=progress)
             return Copied(rel, c.size, c.digests), False
         faults.point("put")  # two nodes may both find no object and both upload: the records then disagree
-        st0 = os.stat(src)
-        cd = ChunkDigests()
-        with open(src, "rb") as fi, self.fs.open(target, "wb") as fo:
-            while True:
-                if CANCEL.is_set():
-                    raise Cancelled(f"{rel}: upload cancelled")
-                b = fi.read(cd.want(8 << 20))
-                if not b:
-                    break
-                fo.write(b)
-                cd.update(b)
-                if progress:
-                    progress(len(b))
-        st1 = os.stat(src)
-        if cd.total != st0.st_size or (st1.st_size, st1.st_mtime_ns) != (st0.st_size, st0.st_mtime_ns):
-            raise SourceChanged(f"{src}: changed while being uploaded; is the checkpoint still being written?")
-        return Copied(rel, cd.total, cd.finish()), True
+        return upload_file(self.fs, src, target, rel, progress), True
 
     def staged_digests(self, rel: str) -> Copied:
         cd = ChunkDigests()
