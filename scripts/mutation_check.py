@@ -212,14 +212,17 @@ def copy_tree(dst: str) -> None:
             shutil.copy2(src, os.path.join(dst, rel))
 
 
-def _pytest(work: str, tests: tuple[str, ...], timeout: int) -> int:
+def _pytest(work: str, tests: tuple[str, ...], timeout: int, out: list | None = None) -> int:
     env = dict(os.environ, PYTHONPATH=work, PYTHONDONTWRITEBYTECODE="1", PYTHONWARNINGS="ignore")
     env.pop("CKPTDOCTOR_CONFIG", None)
     try:
-        return subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
-                              cwd=work, env=env, capture_output=True, text=True, timeout=timeout).returncode
+        p = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+                           cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return -1
+    if out is not None:
+        out.append(p.stdout[-4000:])
+    return p.returncode
 
 
 def run_one(m: Mutant, work: str, timeout: int) -> tuple[Mutant, str, float]:
@@ -272,15 +275,16 @@ def main() -> int:
 
         def base(tests):
             w = free.pop()
+            out: list = []
             try:
-                return tests, _pytest(w, tests, a.timeout)
+                return tests, _pytest(w, tests, a.timeout, out), "".join(out)
             finally:
                 free.append(w)
         with ThreadPoolExecutor(max_workers=len(works)) as ex:
-            broken = [t for t, rc in ex.map(base, sets) if rc != 0]
+            broken = [(t, text) for t, rc, text in ex.map(base, sets) if rc != 0]
         if broken:
-            for t in broken:
-                print(f"ERROR: the tests {' '.join(t)} fail on the unmutated code")
+            for t, text in broken:
+                print(f"ERROR: the tests {' '.join(t)} fail on the unmutated code:\n{text}")
             print(f"mutants: 0 killed of {len(chosen)}")
             return 1
 

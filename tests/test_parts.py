@@ -216,13 +216,9 @@ def test_timeout_commits_nothing_and_a_rerun_resumes(tmp_path):
     assert not (dest / NAME).exists() and tracker_of(dest) is None
     rc, out, err = cli("verify", "--format", "json", dest)  # a fresh staging is not yet a leftover
     assert "CKD202" not in out
-    # re-run part 0: its files are in the journal and not copied again; part 1 completes the set
-    p0 = start_part(parts[0], dest, 0, 2, "job3")
-    p1 = start_part(parts[1], dest, 1, 2, "job3")
-    r0, r1 = finish(p0), finish(p1)
-    assert r0[0] == 0 and r1[0] == 0, (r0[2], r1[2])
-    d0 = json.loads(r0[1])["facts"]["published"]
-    assert d0["copied"] == 0 and d0["resumed"] >= 3
+    # part 0's record stands: part 1 alone completes the set and commits
+    rc, out, err = finish(start_part(parts[1], dest, 1, 2, "job3"))
+    assert rc == 0 and json.loads(out)["facts"]["published"]["status"] == "committed", err
     assert_committed(dest, full)
     # a part arriving after the commit exits 0 and copies nothing
     rc, out, err = finish(start_part(parts[1], dest, 1, 2, "job3"))
@@ -230,6 +226,24 @@ def test_timeout_commits_nothing_and_a_rerun_resumes(tmp_path):
     # another publish id of the same name refuses to overwrite
     rc, out, err = finish(start_part(parts[1], dest, 1, 2, "job4"))
     assert rc == 2 and "refusing to overwrite" in err
+
+
+def test_a_part_killed_mid_copy_resumes_from_its_journal(tmp_path):
+    """Part 0 dies after its first file is placed (no record yet, so nothing can commit); its re-run
+    finds that file in its journal and does not copy it again."""
+    parts, full = nodes_of(tmp_path, 2)
+    dest = tmp_path / "dest"
+    rc, out, err = finish(start_part(parts[0], dest, 0, 2, "job6", "--workers", "1",
+                                     env={"CKPTDOCTOR_TEST_KILL_AT": "copy"}))
+    assert rc == -signal.SIGKILL
+    p0 = start_part(parts[0], dest, 0, 2, "job6")
+    p1 = start_part(parts[1], dest, 1, 2, "job6")
+    r0, r1 = finish(p0), finish(p1)
+    assert r0[0] == 0 and r1[0] == 0, (r0[2], r1[2])
+    d0 = json.loads(r0[1])["facts"]["published"]
+    assert d0["resumed"] >= 1, d0
+    assert d0["resumed"] + d0["copied"] + d0["compared"] == len(os.listdir(parts[0]))
+    assert_committed(dest, full)
 
 
 def test_stale_staging_of_a_dead_publish_is_reported_and_cleaned(tmp_path):
