@@ -353,14 +353,14 @@ def orbax_item_damaged(ck, eng):
 def nvrx_iteration_incomplete(ck, eng):
     """NVRx resumes from the newest iteration every rank holds and falls back silently: name the
     ranks here that lack the newest iteration (and their unfinished `.dirty` writes)."""
-    spec = ck.layout.extra.get("nvrx") if ck.layout is not None else None
-    if not spec:
+    if ck.layout is None or not ck.layout.extra.get("iterations_across_ranks"):
         return
     import re
     from ..layouts.spec import families
     fam = families().get(ck.layout.family)
-    if fam is None or not fam.local:
+    if fam is None or not fam.local.get("dirty"):
         return
+    spec = fam.local
     ranks = sorted(d for d in ck.dirs if re.fullmatch(fam.local["rank_dir"], d))
     held: dict[str, set[int]] = {}
     dirty: dict[str, list[str]] = {}

@@ -65,7 +65,7 @@ def _archives(ck):
                 except OSError:
                     continue
                 names += [f"{d}/{e.name}" for e in sorted(entries, key=lambda e: e.name)
-                          if e.is_file and re.fullmatch(inside["file"], e.name) and not e.name.endswith(".dirty.pt")]
+                          if e.is_file and re.fullmatch(inside["file"], e.name)]
     return names
 
 

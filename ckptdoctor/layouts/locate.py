@@ -99,7 +99,7 @@ def _by_local_files(st: Storage, dirs: set[str]):
     for fam in spec.families().values():
         if not fam.local or not fam.checkpoints:
             continue
-        dirty = fam.checkpoints[0].extra.get("nvrx", {}).get("dirty")
+        dirty = fam.local.get("dirty")
         for d in sorted(x for x in dirs if re.fullmatch(fam.local["rank_dir"], x))[:16]:
             try:
                 names = [e.name for e in st.listdir(d)]
