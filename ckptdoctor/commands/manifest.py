@@ -1,7 +1,6 @@
 """`ckptdoctor manifest PATH`: hash an existing checkpoint and write its manifest (new file only)."""
 from __future__ import annotations
 
-import datetime
 import os
 
 from .. import __version__
@@ -49,9 +48,7 @@ def write_manifest(path: str, *, workers: int | None = None, quiet: bool = False
         if nread != u.length:
             raise InputError(f"{st.show(u.rel)}: file changed while hashing; nothing written")
     data = mf.build(files, {(u.rel, u.index): d for u, (d, _) in digests.items()}, chunk_bytes=chunk_bytes,
-                    layout=ck.layout.name, tool=f"ckptdoctor {__version__}",
-                    created=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                    nodes=mf.writer_nodes())
+                    layout=ck.layout.name, tool=f"ckptdoctor {__version__}", nodes=mf.writer_nodes())
     try:
         if replace:
             atomic.replace_file(target, data)

@@ -17,7 +17,6 @@ digests are missing), no manifest is written and `verify --checksums` fails clos
 from __future__ import annotations
 
 import contextlib
-import datetime
 import logging
 import os
 import pickle
@@ -57,11 +56,7 @@ class _HashingStream:
         mv = memoryview(data).cast("B")
         n = self._raw.write(mv)
         n = len(mv) if n is None else n
-        done = 0
-        while done < n:
-            take = self._cd.want(n - done)
-            self._cd.update(mv[done:done + take])
-            done += take
+        self._cd.feed(mv[:n])
         self._pos += n
         return n
 
@@ -189,16 +184,11 @@ class ManifestWriter(FileSystemWriter):
         metadata.storage_meta = self.storage_meta()
         md = pickle.dumps(metadata)
         cd = ChunkDigests(CHUNK_BYTES)
-        view = memoryview(md)
-        while cd.total < len(md):
-            take = cd.want(len(md) - cd.total)
-            cd.update(view[cd.total:cd.total + take])
+        cd.feed(md)
         files[".metadata"] = len(md)
         digests.update({(".metadata", i): d for i, d in enumerate(cd.finish())})
         doc = mf.build(files, digests, chunk_bytes=CHUNK_BYTES, layout="dcp",
-                       tool=f"ckptdoctor {__version__} ManifestWriter",
-                       created=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                       nodes=mf.writer_nodes())
+                       tool=f"ckptdoctor {__version__} ManifestWriter", nodes=mf.writer_nodes())
         replace_file(os.path.join(str(self.path), mf.NAME), doc)  # durable, and before .metadata
 
     def _remove_stale_manifest(self) -> None:

@@ -87,15 +87,23 @@ def writer_nodes() -> list[str] | None:
         return None
 
 
+def utc_now() -> str:
+    import datetime
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def build(files: dict[str, int], digests: dict[tuple[str, int], str], *, chunk_bytes: int, layout: str | None,
-          tool: str, created: str, nodes: list[str] | None = None) -> bytes:
+          tool: str, created: str | None = None, nodes: list[str] | None = None, extra: dict | None = None) -> bytes:
+    """The manifest's bytes; `created` defaults to now (UTC), `extra` adds top-level keys (a part
+    publish records its publish id, the nodes and the committing part)."""
     table = {}
     for rel in sorted(files):
         n = max(1, -(-files[rel] // chunk_bytes))
         digs = [digests[(rel, i)] for i in range(n)]
         table[rel] = {"size": files[rel], **({"xxh3_128": digs[0]} if n == 1 else {"chunks": digs})}
     doc = {"schema": SCHEMA, "algorithm": "xxh3-128", "chunk_bytes": chunk_bytes, "tool": tool,
-           "created": created, "layout": layout, "files": table}
+           "created": created or utc_now(), "layout": layout, "files": table}
     if nodes:
         doc["nodes"] = nodes
+    doc.update(extra or {})
     return (json.dumps(doc, indent=1) + "\n").encode()

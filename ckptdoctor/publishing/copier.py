@@ -50,6 +50,16 @@ class ChunkDigests:
             self.digests.append(self.h.hexdigest())
             self.h, self.left = xxhash.xxh3_128(), self.chunk
 
+    def feed(self, data) -> None:
+        """update() with any length: split at the chunk boundaries (for callers that do not choose
+        how much arrives, e.g. a stream someone else writes through)."""
+        mv = memoryview(data).cast("B")
+        done = 0
+        while done < len(mv):
+            take = self.want(len(mv) - done)
+            self.update(mv[done:done + take])
+            done += take
+
     def finish(self) -> list[str]:
         if self.total == 0 or self.total % self.chunk:
             self.digests.append(self.h.hexdigest())
@@ -159,22 +169,29 @@ def copy_tree(src: str, dst: str, dirs: list[str], files: dict[str, int], worker
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckd-copy") as ex:
         futs = {rel: ex.submit(copy_file, os.path.join(src, rel), os.path.join(dst, rel), rel, chunk, progress)
                 for rel in order}
-        errors = []
-        for rel, f in futs.items():
-            try:
-                out[rel] = f.result()
-            except (KeyboardInterrupt, SystemExit):  # an interrupt: stop now, not after every file
-                CANCEL.set()
-                for g in futs.values():
-                    g.cancel()
-                raise
-            except BaseException as exc:  # collect; the first error is raised after the pool drains
-                errors.append(exc)
-            if first:
-                faults.point("copy")
-                first = False
-        if errors:
-            raise errors[0]
+        return gather(futs, after_first=lambda: faults.point("copy"))
+
+
+def gather(futs: dict, after_first=None) -> dict:
+    """Every future's result, by key.  An interrupt stops at once (CANCEL set, pending ones
+    cancelled); any other error is raised, the first one, after the rest have finished, so no
+    worker is still writing when the caller cleans up."""
+    out, errors = {}, []
+    for key, f in futs.items():
+        try:
+            out[key] = f.result()
+        except (KeyboardInterrupt, SystemExit):
+            CANCEL.set()
+            for g in futs.values():
+                g.cancel()
+            raise
+        except BaseException as exc:
+            errors.append(exc)
+        if after_first is not None:
+            after_first()
+            after_first = None
+    if errors:
+        raise errors[0]
     return out
 
 

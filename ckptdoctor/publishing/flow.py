@@ -11,7 +11,6 @@ Then, for both: the tracker (temp, fsync, rename, fsync locally; one PUT remotel
 """
 from __future__ import annotations
 
-import datetime
 import errno
 import json
 import os
@@ -60,15 +59,12 @@ class PublishResult(AfterCommitResult):
     seconds: float = 0.0
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _manifest(copied: dict, layout: str | None, chunk: int) -> bytes:
+def _manifest(copied: dict, layout: str | None, chunk: int, extra: dict | None = None) -> bytes:
+    """The published manifest from the digests the copy computed (`copied`: rel -> size, digests)."""
     return mf.build({r: c.size for r, c in copied.items()},
                     {(r, i): d for r, c in copied.items() for i, d in enumerate(c.digests)},
-                    chunk_bytes=chunk, layout=layout, tool=f"ckptdoctor {__version__}", created=_now(),
-                    nodes=mf.writer_nodes())
+                    chunk_bytes=chunk, layout=layout, tool=f"ckptdoctor {__version__}", nodes=mf.writer_nodes(),
+                    extra=extra)
 
 
 def _same_content(src: str, files: dict[str, int], manifest_bytes: bytes, workers, progress) -> bool:
@@ -377,7 +373,7 @@ class ObjectCommit(ObjectDest):
     def stage(self, name: str) -> str:
         final = f"{self.root}/{name}"
         self.fs.pipe_file(f"{final}/{naming.in_progress_object()}",
-                          json.dumps({"host": naming.HOST, "pid": os.getpid(), "started": _now()}).encode())
+                          json.dumps({"host": naming.HOST, "pid": os.getpid(), "started": mf.utc_now()}).encode())
         return final
 
     def fill(self, final, src, dirs, files, markers, workers, progress) -> dict:
@@ -437,7 +433,7 @@ def _upload(fs, src: str, final: str, rels: list[str], workers, progress) -> dic
     """Stream each file to its final object name while hashing it (one read).  Multipart uploads
     complete on close, so an object never appears partially under its name."""
     from concurrent.futures import ThreadPoolExecutor
-    from .copier import Copied, upload_file
+    from .copier import Copied, gather, upload_file
 
     def one(rel: str) -> Copied:
         try:
@@ -449,8 +445,7 @@ def _upload(fs, src: str, final: str, rels: list[str], workers, progress) -> dic
     if len(rels) <= 1:
         return {r: one(r) for r in rels}
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckd-upload") as ex:
-        futs = {r: ex.submit(one, r) for r in rels}
-        return {r: f.result() for r, f in futs.items()}
+        return gather({r: ex.submit(one, r) for r in rels})  # an interrupt stops the uploads at once
 
 
 def is_inside(dest_root: str, src: str) -> bool:

@@ -31,7 +31,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .. import __version__
 from ..engine.errors import CkptDoctorError, InputError, TransientError, UsageError
 from ..io import hashing
 from ..io.atomic import fsync_dir, rename_noreplace, replace_file, write_new
@@ -40,7 +39,7 @@ from ..layouts import manifest as mf
 from . import faults, naming
 from .flow import AfterCommitResult
 from .copier import CANCEL, Cancelled, ChunkDigests, Copied, SourceChanged, copy_file, list_tree, snapshot, \
-    snapshot_diff, upload_file
+    snapshot_diff, gather, upload_file
 
 RECORD_SCHEMA = "ckptdoctor.part/v1"
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,63}", re.ASCII)
@@ -474,12 +473,12 @@ def merge_records(recs: dict[int, PartRecord], where) -> dict[str, FileRecord]:
 
 
 def run_part(src: str, dest_root: str, name: str, spec: PartSpec, *, verify, tracker: str, keep_last, keep_every,
-             workers, progress_factory, timeout: float, after_commit_fn, stage=None) -> PartResult:
+             workers, progress_factory, timeout: float, after_commit_fn, stage: "LocalParts") -> PartResult:
     """One node's part: copy, record, then elect/commit or wait.  `verify(path) -> (layout, reasons)`
     is the structural verify of the assembled tree (its family and error reasons; none = fine).
     Raises PartRefused, PartTimeout or UsageError; never touches the tracker unless this part committed."""
     t0 = time.monotonic()
-    st = stage or LocalParts(os.path.abspath(dest_root), name, spec)
+    st = stage
     res = PartResult(spec.index, spec.count, spec.publish_id, dest_root, name)
     if begin(st, res):
         return _late(st, res, t0, "already committed", after_commit_fn, tracker, keep_last, keep_every)
@@ -510,7 +509,9 @@ def begin(st: LocalParts, res: PartResult) -> bool:
 def copy_part(st: LocalParts, src: str, res: PartResult, workers=None, progress_factory=None) -> None:
     """This node's files into the stage and its record written (no election: publish_distributed
     uses the process group as the barrier and global rank 0 commits)."""
-    _copy_part(st, src, st.spec, st.name, res, workers, progress_factory or _no_progress)
+    from ..report.progress import Progress
+    _copy_part(st, src, st.spec, st.name, res, workers,
+               progress_factory or (lambda total, label: Progress(total, label, enabled=False)))
     faults.point("part-record")
 
 
@@ -525,17 +526,6 @@ def commit_all(st: LocalParts, res: PartResult, verify, after_commit_fn, tracker
         after_commit_fn(res, tracker, keep_last, keep_every)
     finally:
         st.remove()
-
-
-class _no_progress:
-    def __init__(self, total=0, label=""):
-        pass
-
-    def __call__(self, n):
-        pass
-
-    def close(self):
-        pass
 
 
 def _copy_part(st: LocalParts, src: str, spec: PartSpec, name: str, res: PartResult, workers, progress_factory):
@@ -586,20 +576,7 @@ def _copy_part(st: LocalParts, src: str, spec: PartSpec, name: str, res: PartRes
         else:
             from concurrent.futures import ThreadPoolExecutor
             with ThreadPoolExecutor(max_workers=n, thread_name_prefix="ckd-part") as ex:
-                futs = [ex.submit(one, rel) for rel in todo]
-                errors = []
-                for f in futs:
-                    try:
-                        f.result()
-                    except (KeyboardInterrupt, SystemExit):
-                        CANCEL.set()
-                        for g in futs:
-                            g.cancel()
-                        raise
-                    except BaseException as exc:
-                        errors.append(exc)
-                if errors:
-                    raise errors[0]
+                gather({rel: ex.submit(one, rel) for rel in todo})
     finally:
         prog.close()
     changed = snapshot_diff(before, snapshot(src))
@@ -678,14 +655,10 @@ def _commit(st: LocalParts, res: PartResult, spec: PartSpec, name: str, verify) 
         if reasons:
             raise PartRefused(f"{name}: the checkpoint assembled from {spec.count} parts fails verification: "
                               + "; ".join(reasons[:4]) + "; nothing committed, tracker untouched")
-        doc = json.loads(mf.build({r: f.size for r, f in merged.items()},
-                                  {(r, i): d for r, f in merged.items() for i, d in enumerate(f.digests)},
-                                  chunk_bytes=hashing.CHUNK_BYTES, layout=layout_name,
-                                  tool=f"ckptdoctor {__version__}", created=_now(), nodes=mf.writer_nodes()))
-        doc["publish_id"] = spec.publish_id
-        doc["parts"] = {str(k): r.host for k, r in sorted(recs.items())}
-        doc["committed_by"] = spec.index
-        st.seal_and_rename((json.dumps(doc, indent=1) + "\n").encode())
+        from .flow import _manifest
+        st.seal_and_rename(_manifest(merged, layout_name, hashing.CHUNK_BYTES, extra={
+            "publish_id": spec.publish_id, "parts": {str(k): r.host for k, r in sorted(recs.items())},
+            "committed_by": spec.index}))
         res.files, res.bytes = len(merged), sum(f.size for f in merged.values())
     except PartRefused as exc:
         st.fail(str(exc))
@@ -711,9 +684,6 @@ def _late(st, res, t0, how, after_commit_fn, tracker, keep_last, keep_every) -> 
     return res
 
 
-def _now() -> str:
-    import datetime
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 class ObjectParts(LocalParts):
     """The same protocol on an object store (fsspec: S3, GCS, ...), with the marker-last commit
     instead of a rename.  Data objects go straight to <name>/<rel> (a multipart upload appears
@@ -803,11 +773,8 @@ class ObjectParts(LocalParts):
     def staged_digests(self, rel: str) -> Copied:
         cd = ChunkDigests()
         with self.fs.open(self._target(rel), "rb") as fh:
-            while True:
-                b = fh.read(cd.want(8 << 20))
-                if not b:
-                    break
-                cd.update(b)
+            while b := fh.read(8 << 20):
+                cd.feed(b)
         return Copied(rel, cd.total, cd.finish())
 
     def writer_of(self, rel: str) -> str | None:
