@@ -2,25 +2,20 @@
 from __future__ import annotations
 
 import gc
-import logging
 import os
 import sys
 from dataclasses import dataclass
 from enum import Enum
 from typing import List, Optional
 
-import typer
-
 from . import __version__
+from . import clidecl as typer  # typer's API, recorded; typer itself is imported only when needed
 from .engine.errors import EXIT_INTERNAL, CkptDoctorError, InputError, UsageError
 
 app = typer.Typer(name="ckptdoctor", no_args_is_help=True, add_completion=False,
                   rich_markup_mode=None, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Find broken checkpoints before the relaunch; publish them whole or not at all.")
-
-log = logging.getLogger("ckptdoctor")
-
 
 class Fmt(str, Enum):
     text = "text"
@@ -156,8 +151,8 @@ def emit(write) -> None:
 
 
 def _logging(quiet: bool, debug: bool) -> None:
-    logging.basicConfig(level=logging.DEBUG if debug else (logging.ERROR if quiet else logging.INFO),
-                        format="ckptdoctor: %(message)s", stream=sys.stderr)
+    from .engine import logs
+    logs.configure(quiet, debug)
 
 
 # ---- commands ------------------------------------------------------------------------------
@@ -179,7 +174,7 @@ def verify(
     slice_: Optional[str] = typer.Option(None, "--slice", help="With --checksums or --deep: read only slice K "
                                          "of N (K/N, e.g. $SLURM_PROCID/$SLURM_NTASKS); combine with `ckptdoctor "
                                          "merge`."),
-    workers: Optional[int] = typer.Option(None, "--workers", help="Hashing threads [default: 2 x cores, max 8]."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Hashing threads [default: one per core, max 8]."),
     deep: bool = typer.Option(False, "--deep", help="Also read tensor bytes, without torch (safetensors, DCP "
                               "shards, torch zip archives): NaN/Inf in any float dtype, each record's CRC-32, "
                               "and a zero-filled tail left by a crash."),
@@ -725,15 +720,19 @@ def main(argv: list[str] | None = None) -> None:
         from typer._completion_classes import completion_init
         completion_init()
     try:
-        app(args=args, prog_name="ckptdoctor", standalone_mode=True)
+        from . import fastcli
+        call = None if os.environ.get("_CKPTDOCTOR_COMPLETE") else fastcli.parse(args, app)
+        if call is not None:  # an everyday invocation: parsed without importing typer/click
+            call.fn(**call.kwargs)
+            sys.exit(0)
+        fastcli.run_typer(app, args)
     except SystemExit:
         raise
     except CkptDoctorError as exc:
         _say(f"ckptdoctor: {exc}")
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        _say("ckptdoctor: interrupted")
-        sys.exit(130)
+        raise typer.interrupted() from None
     except Exception as exc:  # never a raw traceback
         if debug:
             import traceback

@@ -118,7 +118,7 @@ def examples(name: str) -> str:
 
 
 def generate() -> dict[str, str]:
-    cmd = typer.main.get_command(app)
+    cmd = typer.main.get_command(app.build())
     files: dict[str, str] = {}
     subs = cmd.commands
     top_desc = ("ckptdoctor finds broken checkpoints before a relaunch and publishes them whole or not at "

@@ -63,7 +63,7 @@ def test_family_step_names_and_trackers_round_trip():
 
 
 def test_compiled_yaml_cache_follows_the_yaml(tmp_path, monkeypatch):
-    """Start-up reads shipped YAML from a JSON cache keyed by the files' content: an edit is seen at
+    """Start-up reads shipped YAML from a JSON cache keyed by each file's name, size, inode and ctime: an edit is seen at
     once, a damaged cache is rebuilt, an unwritable cache directory only costs time."""
     from ckptdoctor.engine import yamlcache
     root = tmp_path / "rules"

@@ -297,7 +297,7 @@ def test_sharded_safetensors_from_huggingface_hub(tmp_path):
 
 def test_zlib_fallback_finds_the_same_change(trainer, monkeypatch):
     import zlib
-    from ckptdoctor.checks import verify_deep as vd
+    from ckptdoctor.checks import deep_scan as vd
     monkeypatch.setattr(vd, "CRC32", zlib.crc32)  # without the `deep` extra's ISA-L
     f = trainer / "scheduler.pt"
     start, _ = _member(f, "data.pkl")

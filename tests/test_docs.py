@@ -18,7 +18,7 @@ def test_generated_files_are_current():
 
 
 def test_every_option_of_every_command_is_in_its_man_page():
-    cmd = typer.main.get_command(app)
+    cmd = typer.main.get_command(app.build())
     leaves = []
     for name, sub in cmd.commands.items():  # groups (contract, digests): a page per subcommand
         leaves += [(f"{name}-{n}", c) for n, c in sub.commands.items()] if hasattr(sub, "commands") else [(name, sub)]

@@ -180,7 +180,7 @@ def test_install_hints(url, extra, pkg):
 def test_every_subcommand_takes_format_quiet_and_debug():
     import typer
     from ckptdoctor.cli import app
-    cmd = typer.main.get_command(app)
+    cmd = typer.main.get_command(app.build())
     leaves = []
     for name, sub in cmd.commands.items():  # groups (contract, digests): each subcommand
         leaves += [(f"{name} {n}", c) for n, c in sub.commands.items()] if hasattr(sub, "commands") else [(name, sub)]

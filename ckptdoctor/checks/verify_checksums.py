@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 from ..engine.finding import Hit
 from ..engine.registry import check
-from ..io import hashing
 from ..io.fs import TreeLimit, walk_files
 from ..layouts.spec import match_any
 from ..layouts import manifest as mf
@@ -33,6 +32,7 @@ def content(ck, eng) -> ContentResult | None:
         return None
     if "content" in ck.results:
         return ck.results["content"]
+    from ..io import hashing  # here, not at import: only --checksums hashes
     res = ck.results["content"] = ContentResult()
     try:
         on_disk = walk_files(ck.storage, ck.rel)

@@ -6,6 +6,7 @@ metadata and the man pages all render from it.
 from __future__ import annotations
 
 import functools
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +18,9 @@ NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 AREAS = {"1": "verify", "2": "publish", "3": "reconcile", "4": "preflight", "5": "resume", "9": "tool"}
 REQUIRED = ("id", "name", "severity", "subcommands", "summary", "why", "fix")
 
+@functools.lru_cache(maxsize=1)
 def data_dir() -> Path:
-    """rules/ in a source checkout, ckptdoctor/_rules in an installed wheel."""
+    """rules/ in a source checkout, ckptdoctor/_rules in an installed wheel (resolved once)."""
     here = Path(__file__).resolve().parent.parent
     for cand in (here / "_rules", here.parent / "rules"):
         if cand.is_dir():
@@ -35,10 +37,14 @@ def load_yaml(path: Path):
     """A shipped YAML file, parsed (through the compiled cache); any other path is parsed directly.
     The returned document is shared: callers read it, never change it."""
     root = data_dir()
-    try:
-        rel = str(Path(path).resolve().relative_to(root.resolve()))
-    except ValueError:
-        rel = None
+    p = str(path)
+    if p.startswith(f"{root}/") and "/../" not in p and "/./" not in p:
+        rel = p[len(str(root)) + 1:]   # the usual call: a path built from data_dir(); no resolve()
+    else:
+        try:
+            rel = str(Path(path).resolve().relative_to(root))
+        except ValueError:
+            rel = None
     if rel is not None:
         from . import yamlcache
         doc = yamlcache.docs(root).get(rel, yamlcache.MISSING)
@@ -69,7 +75,9 @@ class Rule:
 @functools.lru_cache(maxsize=1)
 def catalog() -> dict[str, Rule]:
     rules: dict[str, Rule] = {}
-    for path in sorted(data_dir().glob("CKD*.yaml")):
+    root = data_dir()
+    for name in sorted(n for n in os.listdir(root) if n.startswith("CKD") and n.endswith(".yaml")):
+        path = root / name
         doc = load_yaml(path)
         missing = [k for k in REQUIRED if k not in (doc or {})]
         if missing:

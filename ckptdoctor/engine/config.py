@@ -7,10 +7,6 @@ found walking up from the current directory.  --isolated ignores every config fi
 from __future__ import annotations
 
 import os
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10: the same parser, packaged as tomli
-    import tomli as tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +67,10 @@ class Settings:
 
 
 def _read_toml(path: Path, table: str | None) -> dict[str, Any] | None:
+    try:  # imported here: 4 ms of start-up that only a run with a config file needs
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the same parser, packaged as tomli
+        import tomli as tomllib
     try:
         with open(path, "rb") as fh:
             doc = tomllib.load(fh)

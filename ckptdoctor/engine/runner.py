@@ -1,9 +1,7 @@
 """The runner: calls registered checks, applies selection and severity, collects a Report."""
 from __future__ import annotations
 
-import logging
 import os
-import traceback
 from typing import Any, Callable, Iterable
 
 from .catalog import catalog
@@ -12,7 +10,6 @@ from .finding import Finding, Hit, Report
 from .registry import checks_for
 from .selection import Selection
 
-log = logging.getLogger("ckptdoctor")
 _CRASH = os.environ.get("CKPTDOCTOR_TEST_CRASH")
 
 
@@ -79,8 +76,10 @@ class Engine:
             except Exception as exc:  # a bug in a check must not hide the other findings
                 self.internal_errors += 1
                 where = getattr(subject, "display", None) or str(subject)
-                log.error("internal error in %s on %s: %s: %s", chk.rule, where, type(exc).__name__, exc)
+                from .logs import logger
+                logger().error("internal error in %s on %s: %s: %s", chk.rule, where, type(exc).__name__, exc)
                 if self.debug:
+                    import traceback
                     traceback.print_exc()
                 f = self.emit("CKD900", Hit(path=where, message=f"check {chk.rule} crashed: "
                                         f"{type(exc).__name__}: {exc}", details={"rule": chk.rule},

@@ -7,6 +7,7 @@ TransientError (exit 75).
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import posixpath
 import stat as stat_mod
@@ -22,6 +23,18 @@ TRANSIENT_ERRNOS = {errno.ETIMEDOUT, errno.ECONNREFUSED, errno.ECONNRESET, errno
 class NotRegularFile(OSError):
     """A FIFO, socket or device where a file was expected: never opened (a FIFO would block forever,
     /dev/zero would never end)."""
+
+
+def aligned_buffer(size: int) -> memoryview:
+    """A writable buffer that starts on a page boundary, for reads from the page cache.
+
+    Measured on this project's machine (AMD EPYC, `rep movsb` copies): reading a page-cached file
+    into a buffer whose address is 16 bytes past a 64-byte boundary runs at 1.6-1.9 GiB/s, into a
+    64-byte-aligned one at 9-10 GiB/s, the speed of `cat`.  A large `bytearray` is exactly the
+    slow case (glibc serves it from mmap with a 16-byte header), so every reader that copies
+    page-cache bytes into a buffer (hashing, the publish copy, `--deep`) takes its buffer here:
+    an anonymous mapping, page-aligned by construction."""
+    return memoryview(mmap.mmap(-1, size))
 
 
 def open_regular(path: str) -> int:
@@ -173,6 +186,8 @@ class LocalStorage(Storage):
 
 class FsspecStorage(Storage):
     def __init__(self, url: str, fs=None):
+        from ..engine import logs
+        logs.apply()   # fsspec and its backends log through logging: in the CLI's format
         import fsspec  # lazy: 60 ms
         if fs is None:
             fs, path = fsspec.core.url_to_fs(url)

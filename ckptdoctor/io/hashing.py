@@ -2,18 +2,19 @@
 
 xxh3-128 releases the GIL for buffers > 64 KiB, so threads hashing different files or different
 ranges of one file scale across cores.  Each worker reads with `readinto` into its own reused
-8 MiB buffer (big enough to stay clear of GIL convoys, small enough to stay in cache), so memory
-is bounded by workers x 8 MiB no matter how large the files are.
+8 MiB buffer (big enough to stay clear of GIL convoys), so memory is bounded by workers x 8 MiB no
+matter how large the files are.  Every read buffer comes from `aligned_buffer`: see there why.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import xxhash
+
+from .fs import aligned_buffer
 
 BUF_BYTES = 8 << 20
 CHUNK_BYTES = 64 << 20  # manifest unit: files larger than this get one digest per 64 MiB range
@@ -39,7 +40,7 @@ def units_for(rel: str, size: int, algorithm: str = "xxh3-128", chunk: int = CHU
 def _buf() -> memoryview:
     b = getattr(_local, "buf", None)
     if b is None:
-        b = _local.buf = memoryview(bytearray(BUF_BYTES))
+        b = _local.buf = aligned_buffer(BUF_BYTES)
     return b
 
 
@@ -47,6 +48,7 @@ def _hasher(algorithm: str):
     if algorithm == "xxh3-128":
         return xxhash.xxh3_128()
     if algorithm == "sha256":
+        import hashlib  # lazy: 4 ms of start-up, and only Megatron integrity.json files ask for it
         return hashlib.sha256()
     raise ValueError(f"unknown digest algorithm {algorithm!r}")
 
@@ -88,7 +90,10 @@ def hash_units(storage, units: list[Unit], workers: int | None = None, progress=
             on_error(u, exc)
             return None
 
-    workers = workers or min(8, 2 * (os.cpu_count() or 1))
+    # One thread per core present: reading page-cached bytes is bound by memory bandwidth, and on
+    # 2 cores 4 threads hashed 4 GiB in 0.68-0.85 s where 2 took 0.56-0.74 s.
+    workers = workers or min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                             else os.cpu_count() or 1)
     if len(units) <= 1 or workers == 1:
         out = {u: one(u) for u in units}
     else:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-import secrets
-import socket
 from functools import lru_cache
 
 from ..engine.catalog import data_dir, load_yaml
@@ -56,7 +54,8 @@ def staging_for(layout: Layout | None, name: str, entries: list[str]) -> list[st
     return [e for e in entries if e != name and any(fnmatch.fnmatchcase(e, p) for p in pats)]
 
 
-HOST = socket.gethostname().replace("-", "_") or "host"
+# os.uname().nodename is gethostname() on Linux, without importing socket (2.5 ms of start-up)
+HOST = os.uname().nodename.replace("-", "_") or "host"
 # A checkpoint name: one plain ASCII directory name (no trailing newline, no non-ASCII digits, no
 # path separators, not hidden); full match, so Python's `$`-before-newline cannot slip one through.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=-]{0,254}", re.ASCII)
@@ -88,12 +87,12 @@ _START = start_time(os.getpid()) or "0"
 
 def temp_name(name: str) -> str:
     return config()["temp_dir"].format(name=name, host=HOST, pid=f"{os.getpid()}.{_START}",
-                                       nonce=secrets.token_hex(3))
+                                       nonce=os.urandom(3).hex())
 
 
 def trash_name(name: str) -> str:
     return config()["trash_dir"].format(name=name, host=HOST, pid=f"{os.getpid()}.{_START}",
-                                        nonce=secrets.token_hex(3))
+                                        nonce=os.urandom(3).hex())
 
 
 _OWN = re.compile(r"^\.(?P<name>.+)\.ckptdoctor-(?P<kind>tmp|trash)-(?P<host>[^-]+)-(?P<pid>[0-9]+)"

@@ -3,21 +3,26 @@ from __future__ import annotations
 
 import os
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+from .styled import PlainConsole, RichConsole, Table, Text
 
 STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 COLOR = "auto"   # --color: auto | always | never (set by the CLI)
 
 
-def console(out) -> Console:
-    """On a terminal, rich's own width; anywhere else (Slurm logs, pipes, files) a width no row can
-    exceed, so no path or node name is ever cut with an ellipsis."""
+def console(out, plain: bool | None = None):
+    """On a terminal, rich with its own width; anywhere else (Slurm logs, pipes, files) nothing is
+    ever wrapped or cut with an ellipsis, and without forced colour that is plain text, written
+    without importing rich (see styled.py).  `plain` overrides the choice (tests)."""
     tty = hasattr(out, "isatty") and out.isatty()
+    if plain is None:  # rich's own terminal test (rich.console.Console.is_terminal) says "no"
+        env = os.environ
+        plain = (COLOR != "always" and env.get("TTY_COMPATIBLE", "") != "1"
+                 and (env.get("TTY_COMPATIBLE", "") == "0" or not (env.get("FORCE_COLOR") or tty)))
+    if plain:
+        return PlainConsole(out)
     no_color = COLOR == "never" or (COLOR == "auto" and os.environ.get("NO_COLOR", "") != "")
-    return Console(file=out, highlight=False, soft_wrap=True, width=None if tty else 100_000,
-                   no_color=no_color, force_terminal=True if COLOR == "always" else None)
+    return RichConsole(out, width=None if tty else 100_000, no_color=no_color,
+                       force_terminal=True if COLOR == "always" else None)
 
 
 def plural(n: int, word: str) -> str:
@@ -49,8 +54,8 @@ def _age(s) -> str:
     return duration(s)
 
 
-def render(report, out) -> None:
-    con = console(out)
+def render(report, out, plain: bool | None = None) -> None:
+    con = console(out, plain)
     facts = report.facts
     rows = facts.get("checkpoints") or []
     groups: dict[str, list] = {}

@@ -1,0 +1,272 @@
+"""Parse an everyday command line without importing typer or click (issue 20: start-up).
+
+typer stays the definition and the judge.  The first typer run of a CLI version compiles, from
+the click commands typer built, a spec of every command's parameters (option names, flags, value
+types, choices, defaults, how typer converts them) into the cache directory, keyed by the stat of
+the files that declare the CLI and of typer itself.  Later runs parse from the spec when the
+command line is plainly valid: known options with well-formed values, the right number of
+arguments.  Anything else (help, a typo, a bad value, a missing argument, `--`, bundled short
+flags, completion) goes to typer, which prints exactly what it always printed.  So the fast path
+only ever accepts a command line typer would accept, and passes the command the same arguments:
+tests/test_fastcli.py compares the two on a corpus of command lines.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+SPEC_VERSION = 1
+
+
+class Call:
+    """The command function and the arguments typer would have passed it."""
+    __slots__ = ("fn", "kwargs")
+
+    def __init__(self, fn, kwargs: dict):
+        self.fn, self.kwargs = fn, kwargs
+
+
+def _key_files() -> list[str]:
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [os.path.join(here, "cli.py"), os.path.join(here, "clidecl.py"), __file__]
+
+
+def _stat(path: str) -> list:
+    st = os.stat(path)
+    return [path, st.st_size, st.st_ino, st.st_ctime_ns, st.st_mtime_ns]
+
+
+def _cache_path() -> str:
+    """Keyed by the files that declare the CLI; the spec itself names the typer it came from (an
+    upgrade of typer changes that file's stat, and the spec is not used: see _load_spec)."""
+    from .engine.yamlcache import _cache_dir
+    sig = [_stat(f) for f in _key_files()]
+    import xxhash
+    h = xxhash.xxh3_128(repr((SPEC_VERSION, sys.prefix, sys.version_info[:2], sig)).encode()).hexdigest()
+    return os.path.join(_cache_dir(), f"cli-{h}.json")
+
+
+def _load_spec() -> dict | None:
+    try:
+        with open(_cache_path(), "rb") as fh:
+            spec = json.loads(fh.read())
+        if not (isinstance(spec, dict) and spec.get("version") == SPEC_VERSION):
+            return None
+        typer_file = spec.get("typer") or [""]
+        return spec if _stat(typer_file[0]) == typer_file else None
+    except (OSError, ValueError, TypeError, RecursionError):
+        return None
+
+
+# ---- compiling the spec from typer's click commands ------------------------------------------------
+def compile_spec(app) -> dict:
+    """{"version", "commands": {"verify": {...}, "contract check": {...}}} from the real click
+    commands typer builds for `app` (a clidecl.Typer).  Read by duck type and type name, so a
+    typer that vendors click (0.27/0.28) and one that imports it compile alike."""
+    import typer
+
+    group = typer.main.get_command(app.build())
+    fns = {" ".join(path): fn for path, fn in app.functions()}
+    out: dict = {}
+
+    def walk(cmd, path):
+        subs = getattr(cmd, "commands", None)
+        if isinstance(subs, dict):
+            for name, sub in subs.items():
+                walk(sub, (*path, name))
+            return
+        key = " ".join(path)
+        if key in fns:
+            out[key] = {"function": fns[key].__name__, "params": [_param(p) for p in cmd.params]}
+
+    walk(group, ())
+    return {"version": SPEC_VERSION, "typer": _stat(typer.__file__), "commands": out}
+
+
+_KINDS = {"StringParamType": "str", "IntParamType": "int", "FloatParamType": "float", "BoolParamType": "bool"}
+
+
+def _param(p) -> dict:
+    t = p.type
+    kind = "choice" if hasattr(t, "choices") else _KINDS.get(type(t).__name__, "other:" + type(t).__name__)
+    is_option = hasattr(p, "is_flag")
+    d = {"name": p.name, "param": "option" if is_option else "argument", "type": kind,
+         "nargs": p.nargs, "multiple": bool(getattr(p, "multiple", False)), "required": bool(p.required),
+         "default": _jsonable(p.default), "has_default": p.default is not None}
+    if kind == "choice":
+        d["choices"] = [str(getattr(c, "value", c)) for c in t.choices]
+    if is_option:
+        d.update(opts=list(p.opts), secondary=list(p.secondary_opts), flag=bool(p.is_flag),
+                 count=bool(getattr(p, "count", False)), callback=p.callback is not None,
+                 envvar=bool(p.envvar))
+    return d
+
+
+def _jsonable(v):
+    if hasattr(v, "value") and not isinstance(v, (str, int, float, bool)):  # an Enum member
+        return v.value
+    if isinstance(v, tuple):
+        return list(v)
+    return v
+
+
+def run_typer(app, args: list[str]) -> None:
+    """The typer path; on the way, compile the spec for later runs when it is missing."""
+    try:
+        path = _cache_path()
+        if not os.path.exists(path):
+            text = json.dumps(compile_spec(app))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as fh:
+                fh.write(text)
+            os.replace(tmp, path)
+    except Exception:  # noqa: BLE001 -- a read-only home, or a typer this code does not know:
+        pass           # typer parses every time, as before (the spec is only a shortcut)
+    app.build()(args=args, prog_name="ckptdoctor", standalone_mode=True)
+
+
+# ---- the fast parse ----------------------------------------------------------------------------------
+class _Refuse(Exception):
+    """Not plainly valid: let typer parse it (and say what is wrong)."""
+
+
+def parse(args: list[str], app) -> Call | None:
+    """A Call when `args` is an everyday command line the spec covers; None sends it to typer."""
+    if not args or args[0].startswith("-") or "-h" in args or "--help" in args:
+        return None
+    spec = _load_spec()
+    if spec is None:
+        return None
+    cmds = spec["commands"]
+    if len(args) >= 2 and f"{args[0]} {args[1]}" in cmds:
+        key, rest = f"{args[0]} {args[1]}", args[2:]
+    elif args[0] in cmds:
+        key, rest = args[0], args[1:]
+    else:
+        return None
+    fns = {" ".join(p): f for p, f in app.functions()}
+    fn = fns.get(key)
+    if fn is None or fn.__name__ != cmds[key]["function"]:
+        return None
+    try:
+        kwargs = _bind(cmds[key]["params"], rest, fn)
+    except _Refuse:
+        return None
+    return Call(fn, kwargs)
+
+
+def _bind(params: list[dict], rest: list[str], fn) -> dict:
+    opts: dict[str, tuple[dict, bool]] = {}
+    for p in params:
+        if p["param"] == "option":
+            if p.get("envvar"):
+                raise _Refuse()           # click would read the environment; leave that to it
+            if p.get("count") or p.get("callback") or p["nargs"] != 1 or p["type"].startswith("other:"):
+                if any(o in rest or any(a.startswith(o + "=") for a in rest) for o in p["opts"] + p["secondary"]):
+                    raise _Refuse()
+            for o in p["opts"]:
+                opts[o] = (p, True)
+            for o in p["secondary"]:
+                opts[o] = (p, False)
+    got: dict[str, list] = {}
+    positional: list[str] = []
+    i = 0
+    while i < len(rest):
+        a = rest[i]
+        i += 1
+        if a == "--" or (a.startswith("-") and a != "-"):
+            if a == "--":
+                raise _Refuse()
+            name, eq, val = a.partition("=") if a.startswith("--") else (a, "", "")
+            if name not in opts:
+                raise _Refuse()
+            p, positive = opts[name]
+            if p["flag"]:
+                if eq:
+                    raise _Refuse()
+                got.setdefault(p["name"], []).append(positive)
+                continue
+            if not eq:
+                if i >= len(rest) or rest[i].startswith("-"):
+                    raise _Refuse()       # a missing value, or one that looks like an option
+                val = rest[i]
+                i += 1
+            got.setdefault(p["name"], []).append(_value(p, val))
+        else:
+            positional.append(a)
+    out: dict = {}
+    for p in params:
+        if p["param"] != "argument":
+            continue
+        if p["nargs"] == -1:
+            vals = [_value(p, v) for v in positional]
+            positional = []
+            if not vals and p["required"]:
+                raise _Refuse()
+            out[p["name"]] = vals if vals else (None if not p["has_default"] else list(p["default"] or []))
+        else:
+            if positional:
+                out[p["name"]] = _value(p, positional.pop(0))
+            elif p["required"]:
+                raise _Refuse()
+            else:
+                out[p["name"]] = p["default"]
+    if positional:
+        raise _Refuse()
+    for p in params:
+        if p["param"] != "option":
+            continue
+        vals = got.get(p["name"])
+        if p["multiple"]:
+            out[p["name"]] = vals if vals else (None if not p["has_default"] else list(p["default"]))
+        elif vals:
+            out[p["name"]] = vals[-1]
+        elif p["required"]:
+            raise _Refuse()
+        else:
+            out[p["name"]] = p["default"] if not p["flag"] else bool(p["default"])
+    return _convert(out, fn)
+
+
+def _value(p: dict, v: str):
+    t = p["type"]
+    if t == "str":
+        return v
+    if t == "choice":
+        if v not in p["choices"]:
+            raise _Refuse()
+        return v
+    try:
+        if t == "int":
+            return int(v)
+        if t == "float":
+            import math
+            f = float(v)
+            return f if not math.isnan(f) else _refuse()
+    except ValueError:
+        raise _Refuse() from None
+    raise _Refuse()
+
+
+def _refuse():
+    raise _Refuse()
+
+
+def _convert(values: dict, fn) -> dict:
+    """What typer hands the function: Enum members for choices declared with an Enum type; lists
+    for repeatable options (None when not given and without a default)."""
+    import enum
+    import typing
+    hints = typing.get_type_hints(fn)
+    out = {}
+    for name, v in values.items():
+        t = hints.get(name)
+        args = typing.get_args(t)
+        if args and type(None) in args:   # Optional[X]
+            t = next(a for a in args if a is not type(None))
+        if isinstance(t, type) and issubclass(t, enum.Enum) and v is not None:
+            v = t(v)
+        out[name] = v
+    return out

@@ -1,0 +1,87 @@
+"""The text report off a terminal is written without rich (start-up, issue 20); it must be byte for
+byte what rich prints there, for every kind of report the tool makes."""
+import io
+import subprocess
+import sys
+
+from ckptdoctor.report import styled, text
+
+
+def _both(report) -> tuple[str, str]:
+    a, b = io.StringIO(), io.StringIO()
+    ORIG(report, a, plain=True)
+    ORIG(report, b, plain=False)   # rich, not a terminal: no colour, width 100,000
+    return a.getvalue(), b.getvalue()
+
+
+ORIG = text.render
+
+
+def test_every_demo_report_renders_the_same_plain_and_with_rich(tmp_path, monkeypatch, capsys):
+    """The demo makes a report of every command with a text view (verify run table, checksums,
+    reconcile simulation tables, publish, preflight node table, fix, prune, contract)."""
+    seen = []
+
+    def both(report, out, plain=None):
+        p, r = _both(report)
+        assert p == r, f"{report.command}: plain and rich text differ"
+        seen.append((report.command, p))
+        out.write(p)
+
+    monkeypatch.setattr(text, "render", both)
+    from ckptdoctor.demo import run_demo
+    assert run_demo(str(tmp_path / "demo")) == 0
+    from ckptdoctor.api import make_engine
+    from ckptdoctor.commands import prune
+    run = str(tmp_path / "demo" / "megatron-run")
+    eng = make_engine("prune", run)
+    prune.run(run, eng, keep_last=1, keep_every=None, dry_run=True)
+    text.render(eng.report, io.StringIO())
+    cmds = {c for c, _ in seen}
+    assert {"verify", "reconcile", "publish", "preflight", "prune"} <= cmds, cmds
+    assert any("┏" in p for _, p in seen)                      # tables were among them
+    assert sum(p.count("\n") for _, p in seen) > 50
+
+
+def test_awkward_cells_plain_equals_rich():
+    t = styled.Table(title="run [bold]x[/bold] 日本", title_justify="left")
+    t.add_column("name")
+    t.add_column("n", justify="right")
+    t.add_column("wide 語")
+    t.add_row("step[1]", "7", styled.Text("ok", style="green"))
+    t.add_row("ab", "12345", "x\ry\x07z", style="red")   # (a tab in a cell: rich splits the cell)
+    t.add_row("two\nlines", "", "日本語")
+    lines = [styled.Text("  ").append("error  ", style="bold red").append("[CKD1] message\twith tab"),
+             styled.Text(""), "plain str [dim]not markup[/dim]"]
+    for obj in [t, *lines]:
+        a, b = io.StringIO(), io.StringIO()
+        styled.PlainConsole(a).print(obj)
+        styled.RichConsole(b, width=100_000, no_color=False, force_terminal=None).print(obj)
+        assert a.getvalue() == b.getvalue()
+
+
+def test_colour_forced_still_uses_rich(monkeypatch):
+    monkeypatch.setattr(text, "COLOR", "always")
+    con = text.console(io.StringIO())
+    assert isinstance(con, styled.RichConsole)
+    monkeypatch.setattr(text, "COLOR", "auto")
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
+    assert isinstance(text.console(io.StringIO()), styled.PlainConsole)
+    monkeypatch.setenv("FORCE_COLOR", "1")              # rich would style: so rich it is
+    assert isinstance(text.console(io.StringIO()), styled.RichConsole)
+    monkeypatch.setenv("TTY_COMPATIBLE", "0")
+    assert isinstance(text.console(io.StringIO()), styled.PlainConsole)
+
+
+def test_verify_to_a_pipe_does_not_import_rich(tmp_path):
+    from ckptdoctor.demo import build_run
+    build_run(str(tmp_path / "run"))
+    code = ("import sys; from ckptdoctor.__main__ import run\n"
+            "sys.argv = ['ckptdoctor', 'verify', sys.argv[1]]\n"
+            "try:\n    run()\nexcept SystemExit as e:\n    code = e.code\n"
+            "sys.stderr.write('RICH=%s' % any(m == 'rich' or m.startswith('rich.') for m in sys.modules))\n"
+            "sys.exit(code)")
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True)
+    assert p.returncode == 1 and "CKD104 shard-truncated" in p.stdout and "┏" in p.stdout
+    assert "RICH=False" in p.stderr
