@@ -79,6 +79,20 @@ def shard_truncated(ck, eng):
                       hint="the shard was truncated (interrupted copy or write); re-copy it")
 
 
+WHOLE_FILE_MAX = 64 << 20   # bytes: a shard of many small records is read once, not twice per record
+
+
+def _reader(fd: int, size: int, records: int):
+    """read(offset, n) for the two tiny ranges each record needs.  A shard averaging under 8 KiB
+    per record is read whole once (at most WHOLE_FILE_MAX, so memory stays bounded): at 1M
+    records two preads each cost ~3 s of system calls, a sequential read a few ms."""
+    import os
+    if size <= WHOLE_FILE_MAX and size <= 8192 * records:
+        data = os.pread(fd, size, 0)
+        return lambda off, n: data[off:off + n]
+    return lambda off, n: os.pread(fd, n, off)
+
+
 @check("CKD105", "checkpoint")
 def slice_corrupt(ck, eng):
     """Each storage record must be one whole torch.save zip archive (local storage only)."""
@@ -109,16 +123,17 @@ def slice_corrupt(ck, eng):
                                         "once it is quiet"))
             continue
         try:
+            read = _reader(fd, e.size, len(recs))
             for s in recs:
                 if s.file_offset + s.length > e.size:
                     continue  # CKD104 reports it
                 if s.transforms:  # a storage extension wrote it: check the transform's own framing
-                    why = ptzip.transformed_problem(s.transforms, os.pread(fd, 4, s.file_offset), s.length)
+                    why = ptzip.transformed_problem(s.transforms, read(s.file_offset, 4), s.length)
                     if why:
                         bad.append((s, why))
                     continue
-                head = os.pread(fd, 4, s.file_offset)
-                tail = os.pread(fd, ptzip.EOCD_LEN, s.file_offset + s.length - ptzip.EOCD_LEN) \
+                head = read(s.file_offset, 4)
+                tail = read(s.file_offset + s.length - ptzip.EOCD_LEN, ptzip.EOCD_LEN) \
                     if s.length >= ptzip.EOCD_LEN else b""
                 why = ptzip.slice_problem(head, tail, s.length)
                 if why:

@@ -8,11 +8,12 @@ reconcile.
 from __future__ import annotations
 
 import functools
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..io.fs import Entry, Storage
+from ..io.fs import Entry, Storage, open_regular
 from ..io.unpickle import RefusedGlobal
 from . import dcp, trackers
 from .spec import Layout, match_any
@@ -91,8 +92,7 @@ class CheckpointView:
         problems: list[MetadataProblem] = []
         for name in names:
             try:
-                data = self.storage.read(self.relpath(name), MAX_METADATA_BYTES)
-                md = dcp.parse(data, into=md)
+                md = self._parse_metadata(name, md)
             except RefusedGlobal as exc:
                 problems.append(MetadataProblem(name, f"refused to unpickle global {exc.qualname}: "
                                                       f"DCP metadata never references it",
@@ -104,6 +104,50 @@ class CheckpointView:
             except OSError as exc:
                 problems.append(MetadataProblem(name, f"cannot read: {exc.strerror or exc}"))
         return DcpRead(md, tuple(problems))
+
+    def _parse_metadata(self, name: str, md):
+        """A local file is unpickled as it is read (its bytes never all in memory beside the
+        objects); a remote one is fetched whole first.  Either way bounded by MAX_METADATA_BYTES."""
+        rel = self.relpath(name)
+        if not getattr(self.storage, "local", False):
+            return dcp.parse(self.storage.read(rel, MAX_METADATA_BYTES), into=md)
+        fd = open_regular(self.storage.abspath(rel))
+        with os.fdopen(fd, "rb", buffering=1 << 20) as fh:
+            size = os.fstat(fd).st_size
+            if size > MAX_METADATA_BYTES:
+                raise ValueError(f"{name}: {size} bytes, larger than the {MAX_METADATA_BYTES}-byte limit")
+            return dcp.parse_file(_Bounded(fh, size), size, into=md)
+
+
+class _Bounded:
+    """A read-only view of a file that ends at `size` bytes even if the file grows meanwhile: what
+    the unpickler reads is the file as it was measured, never more."""
+    __slots__ = ("fh", "left")
+
+    def __init__(self, fh, size: int):
+        self.fh, self.left = fh, size
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n is None or n < 0 else min(n, self.left)
+        b = self.fh.read(n)
+        self.left -= len(b)
+        return b
+
+    def readinto(self, buf) -> int:
+        view = memoryview(buf)[:self.left]
+        k = self.fh.readinto(view)
+        self.left -= k
+        return k
+
+    def readline(self, limit: int = -1) -> bytes:
+        n = self.left if limit is None or limit < 0 else min(limit, self.left)
+        b = self.fh.readline(n)
+        self.left -= len(b)
+        return b
+
+    def peek(self, n: int = 0) -> bytes:
+        """The C unpickler prefetches through peek (one call per 128 KiB instead of one per read)."""
+        return self.fh.peek(n)[:self.left]
 
 
 @dataclass
