@@ -199,6 +199,15 @@ MUTANTS = [
       '        threshold = RANK["error"]', ("tests/test_cli_contract.py",), "--fail-on warning is ignored"),
     M("exit-1-lost", "ckptdoctor/cli.py", "    raise typer.Exit(1 if eng.report.failed() else 0)",
       "    raise typer.Exit(0)", ("tests/test_cli_contract.py",), "a failed verify exits 0"),
+    # ---- the fast command line and the plain report (issue 20) ----------------------------------------
+    M("fastcli-first-wins", "ckptdoctor/fastcli.py", "            out[p[\"name\"]] = vals[-1]",
+      "            out[p[\"name\"]] = vals[0]", ("tests/test_fastcli.py",),
+      "a repeated option takes its first value where typer takes the last"),
+    M("fastcli-no-enum", "ckptdoctor/fastcli.py", "            v = t(v)", "            v = v", ("tests/test_fastcli.py",),
+      "the fast path hands a command strings where typer hands Enum members"),
+    M("plain-table-width", "ckptdoctor/report/styled.py", "    widths = [max([cell_len(x) for x in h]",
+      "    widths = [1 + max([cell_len(x) for x in h]", ("tests/test_report_text.py",),
+      "the plain text report's table differs from what rich prints"),
 ]
 
 
