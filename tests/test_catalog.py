@@ -90,3 +90,23 @@ def test_compiled_yaml_cache_follows_the_yaml(tmp_path, monkeypatch):
     import datetime
     assert yamlcache.docs(root)["b.yaml"] == {datetime.date(2024, 1, 1): "date key"}
     assert not (tmp_path / "cache2").exists()
+
+
+def test_glob_matcher_is_fnmatchcase():
+    """spec.match_any's shortcut (no regex for plain, `*x` and `x*` patterns) decides exactly as
+    fnmatch.fnmatchcase, the definition family files are written against."""
+    import fnmatch
+    from hypothesis import given, settings, strategies as st
+    from ckptdoctor.layouts import spec
+    alphabet = st.sampled_from(list("ab._-*?[]!\n") + ["__", ".metadata", "iter_"])
+    text = st.lists(alphabet, max_size=6).map("".join)
+
+    @settings(max_examples=3000, deadline=None)
+    @given(text, text)
+    def same(pattern, name):
+        name = name.replace("*", "").replace("?", "")  # names hold no glob magic; patterns may
+        assert spec._matcher(pattern)(name) == fnmatch.fnmatchcase(name, pattern), (pattern, name)
+    same()
+    for pattern, name, want in (("*.distcp", "__0_0.distcp", True), ("*.distcp", ".distcp", True),
+                                ("iter_*", "iter_", True), ("a*a", "a", False), (".metadata", ".metadata\n", False)):
+        assert spec.match_any(name, (pattern,)) is want, (pattern, name)

@@ -2,7 +2,6 @@
 descriptions, which family a checkpoint name belongs to, its tracker and its staging siblings."""
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
 from functools import lru_cache
@@ -51,7 +50,7 @@ def staging_for(layout: Layout | None, name: str, entries: list[str]) -> list[st
     step = layout.steps.step(name) if layout else None
     if step is not None:
         pats += list(layout.staging_for(step))
-    return [e for e in entries if e != name and any(fnmatch.fnmatchcase(e, p) for p in pats)]
+    return [e for e in entries if e != name and spec.match_any(e, tuple(pats))]
 
 
 # os.uname().nodename is gethostname() on Linux, without importing socket (2.5 ms of start-up)
