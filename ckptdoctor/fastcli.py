@@ -241,16 +241,10 @@ def _value(p: dict, v: str):
     try:
         if t == "int":
             return int(v)
-        if t == "float":
-            import math
-            f = float(v)
-            return f if not math.isnan(f) else _refuse()
+        if t == "float" and float(v) == float(v):   # NaN (never equal to itself): click's call
+            return float(v)
     except ValueError:
         raise _Refuse() from None
-    raise _Refuse()
-
-
-def _refuse():
     raise _Refuse()
 
 
