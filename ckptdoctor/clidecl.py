@@ -88,6 +88,10 @@ class Typer:
         for sub, kw in self.groups:
             yield from sub.functions((*prefix, kw["name"]))
 
+    def __call__(self, *args, **kwargs):
+        """`app()` as with typer (scripts and tests that call the app object directly)."""
+        return self.build()(*args, **kwargs)
+
     def build(self):
         """The real typer.Typer (built once per process)."""
         if self._built is None:
