@@ -486,3 +486,51 @@ def test_interrupt_mid_copy_stops_at_once(tmp_path, sig, code):
     assert sorted(os.listdir(dest)) == ["latest_checkpointed_iteration.txt"], os.listdir(dest)
     assert (dest / "latest_checkpointed_iteration.txt").read_text() == "50"
     assert len([line for line in err.splitlines() if line.strip()]) == 1 and "staging removed" in err
+
+
+def test_every_file_is_fsynced_before_the_commit_rename(tmp_path, monkeypatch):
+    """The durability promise: no file of the checkpoint is left unsynced when its directory is
+    renamed into place (a rename is durable before the data it names otherwise)."""
+    from ckptdoctor.publishing import flow
+    src = megatron_iter(tmp_path / "src" / "iter_0000100", 100, mb=0.2, ranks=4)
+    synced: set[tuple[int, int]] = set()  # inodes: the manifest is fsynced as a temp, then linked
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        real_fsync(fd)
+        st = os.fstat(fd)
+        synced.add((st.st_dev, st.st_ino))
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    seen: list[list[str]] = []
+    real_rename = flow.rename_noreplace
+
+    def checking_rename(a, b):
+        files = [os.path.join(d, f) for d, _, fs in os.walk(a) for f in fs]
+        seen.append([f for f in files if (os.lstat(f).st_dev, os.lstat(f).st_ino) not in synced])
+        return real_rename(a, b)
+    monkeypatch.setattr(flow, "rename_noreplace", checking_rename)
+    api.publish(src, str(tmp_path / "dest"), workers=4)
+    assert seen == [[]], seen  # one commit, and nothing in it unsynced
+    assert len(os.listdir(tmp_path / "dest" / "iter_0000100")) >= 6
+
+
+def test_a_failed_fsync_publishes_nothing(tmp_path, monkeypatch):
+    """EIO at writeback (a dying disk, a full thin pool) surfaces at fsync: the publish must fail
+    whole, naming the file, with the temporary copy removed and the tracker untouched."""
+    import errno
+    from ckptdoctor.engine.errors import InputError
+    from ckptdoctor.publishing import copier
+    src = megatron_iter(tmp_path / "src" / "iter_0000100", 100, mb=0.2, ranks=4)
+    real_fsync = os.fsync
+
+    def failing_fsync(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("__2_0.distcp"):
+            raise OSError(errno.EIO, "Input/output error")
+        real_fsync(fd)
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    dest = tmp_path / "dest"
+    with pytest.raises(InputError) as ei:
+        api.publish(src, str(dest), workers=4)
+    assert "Input/output error" in str(ei.value) and "__2_0.distcp" in str(ei.value), ei.value
+    assert not copier.CANCEL.is_set()
+    assert os.listdir(dest) == [], os.listdir(dest)  # no checkpoint, no temp, no tracker

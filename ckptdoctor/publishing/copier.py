@@ -128,18 +128,27 @@ def copy_file(src: str, dst: str, rel: str, chunk: int = CHUNK_BYTES, progress=N
             while True:
                 if CANCEL.is_set():
                     raise Cancelled(f"{rel}: copy cancelled")
-                n = fi.readinto(buf[:cd.want(len(buf))])
+                try:
+                    n = fi.readinto(buf[:cd.want(len(buf))])
+                except OSError as exc:
+                    raise _named(exc, src) from None
                 if not n:
                     break
                 view = buf[:n]
                 faults.wrote(n)
                 written = 0
-                while written < n:
-                    written += os.write(fd, view[written:])
+                try:
+                    while written < n:
+                        written += os.write(fd, view[written:])
+                except OSError as exc:  # ENOSPC, EDQUOT, EIO
+                    raise _named(exc, dst) from None
                 cd.update(view)
                 if progress:
                     progress(n)
-            os.fsync(fd)
+            try:
+                os.fsync(fd)  # EIO of a failed writeback surfaces here, before anything names the file
+            except OSError as exc:
+                raise _named(exc, dst) from None
         finally:
             os.close(fd)
     st1 = os.stat(src)
@@ -148,6 +157,11 @@ def copy_file(src: str, dst: str, rel: str, chunk: int = CHUNK_BYTES, progress=N
                             f"read {cd.total}); is the checkpoint still being written?")
     os.utime(dst, ns=(st0.st_atime_ns, st0.st_mtime_ns))  # keep 'marker written last' evidence
     return Copied(rel, cd.total, cd.finish())
+
+
+def _named(exc: OSError, path: str) -> OSError:
+    """The same error naming the file: "[Errno 5] Input/output error" alone does not say which."""
+    return exc if exc.filename else OSError(exc.errno, exc.strerror, path)
 
 
 def copy_tree(src: str, dst: str, dirs: list[str], files: dict[str, int], workers: int | None = None,
