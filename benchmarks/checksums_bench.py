@@ -89,7 +89,14 @@ def main():
     for cold in (False, True):
         print(f"\n### {'cold (fadvise DONTNEED)' if cold else 'page-cached'}: 8 x 256 MiB\n")
         print("| tool | median s | GB/s | vs xxhsum | vs cat |\n|---|---|---|---|---|")
-        res = {k: run(c, files, cold) for k, c in cmds.items()}
+        # rounds alternate the tools (one run of each per round, median over rounds): this VM's disk
+        # drifts by 2x within minutes, which five runs of one tool then five of the next would record
+        # as a difference between the tools
+        rounds = {k: [] for k in cmds}
+        for _ in range(int(os.environ.get("RUNS", "5"))):
+            for k, c in cmds.items():
+                rounds[k].append(run(c, files, cold, runs=1))
+        res = {k: statistics.median(v) for k, v in rounds.items()}
         for k, t in res.items():
             print(f"| `{k}` | {t:.3f} | {total / t / 1e9:.2f} | {res['xxhsum -H128'] / t:.2f}x | "
                   f"{res['cat > /dev/null'] / t:.2f}x |")

@@ -1,7 +1,7 @@
 """Copy a checkpoint's files while hashing them: each byte is read once, written once, hashed once.
 
 Files are copied by a thread pool (read/write/fsync and xxh3 for large buffers release the GIL),
-each worker with its own 8 MiB buffer.  Digests follow the manifest's rule (one xxh3-128 per
+each worker with its own read buffer (io.hashing.BUF_BYTES).  Digests follow the manifest's rule (one xxh3-128 per
 64 MiB range), so the manifest comes out of the copy for free.  A source file whose size or
 mtime moves while it is copied aborts the publish (SourceChanged): copying a checkpoint that is
 still being written is how half-written checkpoints get published.
