@@ -15,8 +15,9 @@ checked against the bytes (CKD132), and per file the crash signature of delayed 
 it (CKD131; a record zero throughout, like a fresh bias, is not flagged).
 
 Speed: records are read with pread into one 1 MiB buffer per thread (the window stays in cache for
-the CRC and the NaN test) and spread over the cores present; on 2 cores a pread window beat mmap
-(7.3 against 5.1 GB/s: page faults cost more than the copy), and ISA-L's CRC-32 (the `deep` extra)
+the CRC and the NaN test) and spread over the cores present.  Not mmap: it measured 7.3 (pread)
+against 5.1 GB/s once and 5.3 against 5.6 on a later VM, and a shard truncated while it is mapped
+kills the process with SIGBUS where pread returns a short read we report.  ISA-L's CRC-32 (the `deep` extra)
 runs at 65 GB/s where zlib's manages 6.9.  benchmarks/deep_bench.py compares with `cat`.  Memory:
 one buffer per thread, whatever the file size.
 """
