@@ -273,7 +273,11 @@ def test_random_kill_times(tmp_path):
     aim for that phase by half the phase's width (the kills stay random inside the window)."""
     src = tmp_path / "src"
     megatron_iter(src / "iter_0000100", 100)
-    megatron_iter(tmp_path / "base", 200, mb=64, ranks=2)  # two 32 MiB shards: a copy long enough to hit
+    # eight 12 MiB shards for publish's four copy workers: the copy runs in two waves, so the "copy"
+    # phase (first file placed -> all placed and fsynced) spans a whole wave.  Two equal shards
+    # copied side by side finished within ~50 ms of each other, too narrow to hit from outside on
+    # a loaded machine once the copy got faster.
+    megatron_iter(tmp_path / "base", 200, mb=96, ranks=8)
     for s in range(200, 6200, 100):  # the same bytes under every name (hard links: no extra disk)
         d = src / f"iter_{s:07d}"
         d.mkdir()
