@@ -40,6 +40,14 @@ def assert_no_errors(report):
     assert not errs, errs
 
 
+def terminal_sigint() -> None:
+    """preexec_fn for a child the test will Ctrl-C: SIGINT as a terminal delivers it.  A suite
+    started in the background (`pytest &` from a script) hands its children SIGINT ignored, and
+    Python then installs no KeyboardInterrupt handler, so the interrupt would be lost."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def cli(*args, env=None, cwd=None, input=None, timeout=120):
     """Run the real console entry point in a subprocess: (rc, stdout, stderr)."""
     e = dict(os.environ)

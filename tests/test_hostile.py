@@ -441,3 +441,42 @@ def test_storage_index_offset_of_the_wrong_type(metadata_seed):
     forged = metadata_seed[:976] + bytes([metadata_seed[976] ^ 1]) + metadata_seed[977:]
     with pytest.raises(dcp.MetadataError):
         dcp.parse(forged)
+
+
+def _u(s: str) -> bytes:
+    return pickle.BINUNICODE + struct.pack("<I", len(s.encode())) + s.encode()
+
+
+def _obj(qualname: str, *states: bytes) -> bytes:
+    """NEWOBJ of a global, then one BUILD per state (raw opcodes, as a forged file would hold)."""
+    mod, name = qualname.rsplit(".", 1)
+    return pickle.GLOBAL + f"{mod}\n{name}\n".encode() + pickle.EMPTY_TUPLE + pickle.NEWOBJ + \
+        b"".join(st + pickle.BUILD for st in states)
+
+
+def _dict(*items: bytes) -> bytes:
+    return pickle.EMPTY_DICT + (pickle.MARK + b"".join(items) + pickle.SETITEMS if items else b"")
+
+
+MD = "torch.distributed.checkpoint.metadata"
+
+
+def test_dcp_records_built_twice_or_from_an_iterable_are_refused():
+    """The DCP stand-ins keep the state BUILD hands them (io.unpickle.Record): a record BUILT a
+    second time, or REDUCEd on an iterable instead, is malformed, never read by its first state."""
+    empty_md = _dict(_u("state_dict_metadata"), _dict(), _u("storage_data"), _dict())
+    ok = pickle.PROTO + b"\x02" + _obj(f"{MD}.Metadata", empty_md) + pickle.STOP
+    assert dcp.parse(ok).tensors == {}
+    twice = pickle.PROTO + b"\x02" + _obj(f"{MD}.Metadata", empty_md, _dict()) + pickle.STOP
+    with pytest.raises(dcp.MetadataError):
+        dcp.parse(twice)
+    size = _u("size") + pickle.MARK + pickle.BININT1 + b"\x04" + pickle.TUPLE
+    tsm = _obj(f"{MD}.TensorStorageMetadata", _dict(size, _u("chunks"), pickle.EMPTY_LIST), _dict())
+    per_tensor = pickle.PROTO + b"\x02" + _obj(f"{MD}.Metadata", _dict(
+        _u("state_dict_metadata"), _dict(_u("w"), tsm), _u("storage_data"), _dict())) + pickle.STOP
+    with pytest.raises(dcp.MetadataError, match="'w'"):
+        dcp.parse(per_tensor)
+    reduced = pickle.PROTO + b"\x02" + pickle.GLOBAL + f"{MD}\nMetadata\n".encode() + pickle.MARK + \
+        pickle.MARK + empty_md + pickle.TUPLE + pickle.TUPLE + pickle.REDUCE + pickle.STOP
+    with pytest.raises(dcp.MetadataError):
+        dcp.parse(reduced)   # Metadata(({...},)): a list holding one dict, but no BUILD made it

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from helpers import cli, spread
+from helpers import cli, spread, terminal_sigint
 from test_publish import TRACKER, megatron_iter, tracker_of, verify_json
 
 pytestmark = pytest.mark.slow
@@ -37,7 +37,8 @@ def start_part(src, dest, k, n, pid="job7", *extra, env=None):
     e.pop("CKPTDOCTOR_CONFIG", None)
     return subprocess.Popen([sys.executable, "-m", "ckptdoctor", "publish", "--quiet", "--format", "json", str(src),
                              str(dest), "--part", f"{k}/{n}", "--publish-id", pid, *map(str, extra)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e,
+                            preexec_fn=terminal_sigint)   # some tests Ctrl-C it
 
 
 def finish(p, timeout=120):

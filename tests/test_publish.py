@@ -14,7 +14,7 @@ import pytest
 import ckptdoctor
 from ckptdoctor import api
 from ckptdoctor.layouts import dcp_writer as W
-from helpers import as_unprivileged, assert_fires, assert_fires_json, cli
+from helpers import as_unprivileged, assert_fires, assert_fires_json, cli, terminal_sigint
 
 TRACKER = "latest_checkpointed_iteration.txt"
 
@@ -476,7 +476,8 @@ def test_interrupt_mid_copy_stops_at_once(tmp_path, sig, code):
     dest.mkdir()
     (dest / "latest_checkpointed_iteration.txt").write_text("50")
     p = subprocess.Popen([sys.executable, "-m", "ckptdoctor", "publish", "--force", "--workers", "2", str(src),
-                          str(dest)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          str(dest)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=terminal_sigint)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not any(n.startswith(".") or "tmp" in n for n in os.listdir(dest)):
         time.sleep(0.02)  # staging exists: the copy is running

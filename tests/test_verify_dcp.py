@@ -204,3 +204,80 @@ def test_zstd_compressed_dcp_is_not_corrupt(tmp_path):
         fh.write(b"\0\0\0\0")
     hit = assert_fires(api.verify(str(d)), "CKD105", path_contains="__0_0.distcp")[0]
     assert hit.details["fqn"] == "w" and "zstd" in hit.message
+
+
+_END_DAMAGE = {  # name: (position relative to the EOCD's start, bytes written); torch.save ends an archive
+    # with the zip64 record (56 bytes), the zip64 locator (20) and the EOCD (22)
+    "eocd-cd-offset": (16, b"\xff\xff\xff\x7f"), "eocd-cd-size": (12, b"\xff\xff\xff\x7f"),
+    "eocd-entries": (10, b"\x09\x00"), "eocd-signature": (0, b"\0\0\0\0"),
+    "locator-signature": (-20, b"\0\0\0\0"), "locator-offset": (-12, b"\xff" * 7 + b"\x00"),
+    "locator-disks": (-4, b"\x02\x00\x00\x00"), "zip64-signature": (-76, b"\0\0\0\0"),
+    "zip64-cd-offset": (-76 + 48, b"\xff" * 4 + b"\0" * 4), "zip64-cd-size": (-76 + 40, b"\xff" * 4 + b"\0" * 4),
+    "zip64-entries": (-76 + 32, b"\x09" + b"\0" * 7),
+}
+
+
+@pytest.fixture(scope="module")
+def end_record_saves(tmp_path_factory):
+    """One real single-process DCP save per record size: 4 floats (shards read whole, in one
+    shared buffer) and 64k floats (records above 8 KiB: two preads each)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    out = {}
+    for n in (4, 64 * 1024):
+        d = tmp_path_factory.mktemp(f"end{n}")
+        dcp.save({"a": torch.arange(n, dtype=torch.float32), "b": torch.ones(n)}, checkpoint_id=str(d), no_dist=True)
+        out[n] = d
+    return out
+
+
+@pytest.mark.parametrize("n", [4, 64 * 1024])
+@pytest.mark.parametrize("damage", sorted(_END_DAMAGE))
+def test_slice_end_records_are_judged_as_torch_reads_them(end_record_saves, tmp_path, n, damage):
+    """CKD105 on a damaged end record of a shard's last archive agrees with torch's own
+    dcp.load in both directions.  torch.save always writes a zip64 record, and its reader then
+    never reads the 32-bit EOCD sizes: damage there loads fine (it was a false CKD105 before),
+    damage to the zip64 sizes fails to load (it was a false pass before)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from ckptdoctor.layouts import dcp as D
+    d = tmp_path / "ck"
+    shutil.copytree(end_record_saves[n], d)
+    md = D.parse((d / ".metadata").read_bytes())
+    last = max(md.storage, key=lambda s: s.file_offset)
+    rel, at = _END_DAMAGE[damage]
+    with open(d / last.relative_path, "r+b") as fh:
+        fh.seek(last.file_offset + last.length - 22 + rel)
+        fh.write(at)
+    out = {"a": torch.zeros(n), "b": torch.zeros(n)}
+    try:
+        dcp.load(out, checkpoint_id=str(d), no_dist=True)
+        loads = torch.equal(out["a"], torch.arange(n, dtype=torch.float32)) and torch.equal(out["b"], torch.ones(n))
+    except BaseException:   # CheckpointException (a BaseException) wraps torch.load's RuntimeError
+        loads = False
+    hits = [f for f in api.verify(str(d)).findings if f.rule == "CKD105"]
+    assert bool(hits) == (not loads), (damage, loads, [f.message for f in hits])
+    if hits:
+        assert hits[0].details["fqn"] == last.fqn and last.relative_path in hits[0].path
+
+
+def test_shared_shard_buffer_never_hands_out_the_previous_shards_bytes(tmp_path):
+    """A shard that shrank between the listing and the read: the records past its new end must not
+    be judged on the bytes a larger shard left in the shared buffer (that would be a false ok)."""
+    from ckptdoctor.checks.verify_dcp import _ShardReader
+    from ckptdoctor.layouts import ptzip
+    rec = ptzip.LOCAL_HEADER + b"\0" * 60 + ptzip.EOCD + b"\0" * 18   # a minimal empty zip archive
+    big, small = tmp_path / "big", tmp_path / "small"
+    big.write_bytes(rec * 4)
+    small.write_bytes(rec)   # listed at 4 records' size, holds one now
+    r = _ShardReader()
+    for path, size in ((big, 4 * len(rec)), (small, 4 * len(rec))):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            r.open(fd, size, 4)
+            got = [ptzip.slice_problem(r.read, i * len(rec), len(rec)) is None for i in range(4)]
+            tail = r.read(3 * len(rec), 4)
+        finally:
+            os.close(fd)
+    assert got == [True, False, False, False]
+    assert tail == b""

@@ -246,9 +246,7 @@ def _dcp_records(ck, name: str, size: int, read, res: DeepResult, eng) -> list[R
         if s.relative_path != name or s.file_offset + s.length > size or s.transforms:
             continue  # CKD104 reports a record past the end of its file
         info = md.tensors.get(s.fqn)
-        head = read(s.file_offset, 4)
-        tail = read(s.file_offset + s.length - ptzip.EOCD_LEN, ptzip.EOCD_LEN) if s.length >= ptzip.EOCD_LEN else b""
-        if ptzip.slice_problem(head, tail, s.length):
+        if ptzip.slice_problem(read, s.file_offset, s.length):
             continue  # CKD105 names it (or a storage extension wrote it: not a zip)
         label = f"{s.fqn}{list(s.offset) if s.offset else ''}: "
         ms = _members(name, read, s.file_offset, s.length, label.strip(), res)

@@ -1,6 +1,6 @@
 """PyTorch DCP checks: metadata, shard set, sizes, slices, marker order, coverage, experts.
 
-All read only `.metadata` and at most two tiny ranges per storage record: no tensor bytes.
+All read only `.metadata` and a few small ranges per storage record (its zip framing): no tensor bytes.
 """
 from __future__ import annotations
 
@@ -82,15 +82,33 @@ def shard_truncated(ck, eng):
 WHOLE_FILE_MAX = 64 << 20   # bytes: a shard of many small records is read once, not twice per record
 
 
-def _reader(fd: int, size: int, records: int):
-    """read(offset, n) for the two tiny ranges each record needs.  A shard averaging under 8 KiB
+class _ShardReader:
+    """read(offset, n) for the small ranges each record needs (its first 4 and last 98 bytes, see
+    ptzip.slice_problem).  A shard averaging under 8 KiB
     per record is read whole once (at most WHOLE_FILE_MAX, so memory stays bounded): at 1M
-    records two preads each cost ~3 s of system calls, a sequential read a few ms."""
-    import os
-    if size <= WHOLE_FILE_MAX and size <= 8192 * records:
-        data = os.pread(fd, size, 0)
-        return lambda off, n: data[off:off + n]
-    return lambda off, n: os.pread(fd, n, off)
+    records two preads each cost ~3 s of system calls, a sequential read a few ms.  The whole
+    reads share one page-aligned buffer: a fresh `bytes` per shard was page-faulted in again for
+    every file (0.85 s of a 200k-record verify, for 280 MB of page-cached shards)."""
+
+    def __init__(self):
+        self.buf = None
+        self.fd, self.n = -1, 0   # n: bytes of the current shard in buf (-1: not read whole)
+
+    def open(self, fd: int, size: int, records: int) -> None:
+        import os
+        self.fd, self.n = fd, -1
+        if size <= WHOLE_FILE_MAX and size <= 8192 * records:
+            if self.buf is None or len(self.buf) < size:
+                import mmap
+                self.buf = mmap.mmap(-1, max(size, 1 << 20))
+            self.n = os.preadv(fd, [memoryview(self.buf)[:size]], 0) if size else 0  # short if it
+            # shrank since the listing: bytes past n are the previous shard's and are never handed out
+
+    def read(self, off: int, n: int) -> bytes:
+        if self.n < 0:
+            import os
+            return os.pread(self.fd, n, off)
+        return self.buf[off:min(off + n, self.n)] if off < self.n else b""
 
 
 @check("CKD105", "checkpoint")
@@ -104,6 +122,7 @@ def slice_corrupt(ck, eng):
     by_file = defaultdict(list)
     for s in md.storage:
         by_file[s.relative_path].append(s)
+    shard = _ShardReader()
     for rel, recs in sorted(by_file.items()):
         e = files.get(rel)
         if e is None:
@@ -123,7 +142,8 @@ def slice_corrupt(ck, eng):
                                         "once it is quiet"))
             continue
         try:
-            read = _reader(fd, e.size, len(recs))
+            shard.open(fd, e.size, len(recs))
+            read = shard.read
             for s in recs:
                 if s.file_offset + s.length > e.size:
                     continue  # CKD104 reports it
@@ -132,10 +152,7 @@ def slice_corrupt(ck, eng):
                     if why:
                         bad.append((s, why))
                     continue
-                head = read(s.file_offset, 4)
-                tail = read(s.file_offset + s.length - ptzip.EOCD_LEN, ptzip.EOCD_LEN) \
-                    if s.length >= ptzip.EOCD_LEN else b""
-                why = ptzip.slice_problem(head, tail, s.length)
+                why = ptzip.slice_problem(read, s.file_offset, s.length)
                 if why:
                     bad.append((s, why))
         finally:

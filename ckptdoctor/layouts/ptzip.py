@@ -14,20 +14,49 @@ EOCD_LEN = 22
 LEGACY_MAGIC_PREFIX = b"\x80\x02\x8a\x0a"  # protocol 2, LONG1 of the legacy magic number
 
 
-def slice_problem(head: bytes, tail: bytes, length: int) -> str | None:
-    """None if the slice looks like one whole zip archive; else what is wrong."""
+Z64_LOCATOR = b"PK\x06\x07"   # zip64 end-of-central-directory locator (20 bytes, right before the EOCD)
+Z64_EOCD = b"PK\x06\x06"      # zip64 end-of-central-directory record (56 bytes)
+TAIL_LEN = 56 + 20 + EOCD_LEN  # where torch.save puts all three: the last 98 bytes of an archive
+_EOCD = struct.Struct("<4x4H2L")     # this disk, cd disk, entries here, entries, cd size, cd offset
+_LOCATOR = struct.Struct("<4x4xQL")  # zip64 record offset, total disks
+_Z64 = struct.Struct("<4xQ4x2L4Q")   # record size, this disk, cd disk, entries here, entries, cd size, cd offset
+
+
+def slice_problem(read, off: int, length: int) -> str | None:
+    """None if the `length` bytes at `off` hold one whole zip archive as torch's reader (miniz)
+    opens it; else what is wrong.  `read(pos, n)` returns the shard's bytes (fewer at its end).
+
+    The end records are judged the way miniz reads them: a zip64 locator right before the EOCD
+    whose zip64 record carries the signature makes the zip64 record the authority (torch.save
+    always writes one, so its 32-bit EOCD fields are then never read); a locator pointing past the
+    archive is fatal.  Measured against torch.load on real DCP shards: damage to the 32-bit
+    fields alone loads (no finding), damage to the zip64 sizes or offset does not."""
     if length < 30 + EOCD_LEN:
         return f"slice of {length} bytes is too short to be a torch.save archive"
-    if head[:4] != LOCAL_HEADER:
-        return f"slice does not start with a zip record (found {head[:4].hex()})"
-    if tail[:4] != EOCD:
+    if read(off, 4) != LOCAL_HEADER:
+        return f"slice does not start with a zip record (found {read(off, 4).hex()})"
+    n = min(TAIL_LEN, length)
+    tail = read(off + length - n, n)
+    if len(tail) != n or tail[-EOCD_LEN:-EOCD_LEN + 4] != EOCD:
         return "slice does not end with a zip end-of-central-directory record"
-    # EOCD: central directory size and offset must fall inside the slice
-    try:
-        _, _, _, _, _, cd_size, cd_off, _ = struct.unpack("<4s4H2LH", tail[:EOCD_LEN])
-    except struct.error:
-        return "slice has a short end-of-central-directory record"
-    if cd_off != 0xFFFFFFFF and cd_off + cd_size > length:
+    this_disk, cd_disk, here, total, cd_size, cd_off = _EOCD.unpack_from(tail, n - EOCD_LEN)
+    eocd_at = length - EOCD_LEN
+    if eocd_at >= 20 + 56 and tail[n - EOCD_LEN - 20:n - EOCD_LEN - 16] == Z64_LOCATOR:
+        z64_at, disks = _LOCATOR.unpack_from(tail, n - EOCD_LEN - 20)
+        if z64_at > length - 56:
+            return "zip64 end-of-central-directory locator points past the end of the slice"
+        z64 = tail[n - TAIL_LEN:n - TAIL_LEN + 56] if z64_at == length - TAIL_LEN else read(off + z64_at, 56)
+        if z64[:4] == Z64_EOCD and len(z64) == 56:
+            rec_size, this_disk, cd_disk, here, total, cd_size, cd_off = _Z64.unpack_from(z64)
+            if rec_size < 44:
+                return "zip64 end-of-central-directory record is too short"
+            if disks != 1:
+                return f"zip64 locator claims {disks} disks (a torch.save archive is one)"
+    if total != here or ((this_disk | cd_disk) and (this_disk, cd_disk) != (1, 1)):
+        return "zip end-of-central-directory record describes a multi-disk archive"
+    if cd_size < total * 46:
+        return f"zip central directory of {cd_size} bytes is too small for its {total} entries"
+    if cd_off + cd_size > length:
         return "zip central directory points past the end of the slice"
     return None
 
