@@ -15,6 +15,9 @@ import time
 import statistics
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import alternate, measure  # noqa: E402
+
 PY = sys.executable
 MiB = 1 << 20
 
@@ -37,8 +40,6 @@ def drop(files):
 
 
 def run(cmd, files, cold, runs=5):
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from common import measure
     return measure(cmd, runs, setup=(lambda: drop(files)) if cold else None, shell=isinstance(cmd, str)).median_s
 
 
@@ -89,13 +90,8 @@ def main():
     for cold in (False, True):
         print(f"\n### {'cold (fadvise DONTNEED)' if cold else 'page-cached'}: 8 x 256 MiB\n")
         print("| tool | median s | GB/s | vs xxhsum | vs cat |\n|---|---|---|---|---|")
-        # rounds alternate the tools (one run of each per round, median over rounds): this VM's disk
-        # drifts by 2x within minutes, which five runs of one tool then five of the next would record
-        # as a difference between the tools
-        rounds = {k: [] for k in cmds}
-        for _ in range(int(os.environ.get("RUNS", "5"))):
-            for k, c in cmds.items():
-                rounds[k].append(run(c, files, cold, runs=1))
+        rounds = alternate({k: (lambda c=c: run(c, files, cold, runs=1)) for k, c in cmds.items()},
+                           int(os.environ.get("RUNS", "5")))
         res = {k: statistics.median(v) for k, v in rounds.items()}
         for k, t in res.items():
             print(f"| `{k}` | {t:.3f} | {total / t / 1e9:.2f} | {res['xxhsum -H128'] / t:.2f}x | "
@@ -108,8 +104,6 @@ def main():
         for _ in range(4096):
             fh.write(block)
     open(big / ".metadata", "wb").write(open(d / ".metadata", "rb").read())
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from common import measure
     m = measure([PY, "-c", "import sys; from ckptdoctor.commands.manifest import write_manifest; "
                  "write_manifest(sys.argv[1], quiet=True, force=True)", str(big)], runs=1)
     base_m = measure([PY, "-c", "import ckptdoctor.commands.manifest"], runs=3)

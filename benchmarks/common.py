@@ -51,3 +51,20 @@ def measure(cmd, runs: int = 5, *, ok=(0,), env=None, setup=None, shell: bool = 
             ts.append(dt)
             rss.append(int(open(out.name).read().split()[-1]) / 1024)  # KiB
     return Measure(statistics.median(ts), max(rss), runs)
+
+
+def alternate(runs: dict, rounds: int) -> dict[str, list]:
+    """Each round calls every entry of `runs` once, in order; returns each entry's results over
+    the rounds.  This VM's speed drifts by up to 2x within minutes (disk and CPU alike): all runs of
+    one tool, then all of the next, would record that drift as a difference between the tools."""
+    out: dict[str, list] = {k: [] for k in runs}
+    for _ in range(rounds):
+        for k, fn in runs.items():
+            out[k].append(fn())
+    return out
+
+
+def combined(ms: list[Measure]) -> Measure:
+    """One Measure from single runs taken in alternating rounds: median time, largest peak."""
+    return Measure(statistics.median(m.median_s for m in ms), max(m.peak_rss_mib for m in ms), len(ms))
+

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import measure  # noqa: E402
+from common import alternate, combined, measure  # noqa: E402
 
 PY = sys.executable
 MiB = 1 << 20
@@ -60,13 +60,11 @@ def main(big_mib: int = 2048, small_mib: int = 256):
                 fs = files_of(d)
                 size = sum(os.path.getsize(f) for f in fs)
                 subprocess.run(["cat", *fs], stdout=subprocess.DEVNULL, check=True)  # page-cache it
-                # one run of each per round, medians over the rounds: this VM's speed drifts within
-                # minutes (the same code read 0.50x and 0.90x on DCP in two unalternated runs)
-                cats, ckds = [], []
-                for _ in range(ROUNDS):
-                    cats.append(measure(["sh", "-c", f"cat {' '.join(fs)} > /dev/null"], 1).median_s)
-                    ckds.append(measure([PY, "-m", "ckptdoctor", "verify", "--deep", "-q", str(d)], 1).median_s)
-                t[mib] = (size, statistics.median(cats), statistics.median(ckds))
+                # alternating rounds: the same code read 0.50x and 0.90x on DCP in two unalternated runs
+                r = alternate({"cat": lambda: measure(["sh", "-c", f"cat {' '.join(fs)} > /dev/null"], 1),
+                               "ckd": lambda: measure([PY, "-m", "ckptdoctor", "verify", "--deep", "-q", str(d)], 1)},
+                              ROUNDS)
+                t[mib] = (size, combined(r["cat"]).median_s, combined(r["ckd"]).median_s)
             (s0, c0, k0), (s1, c1, k1) = t[small_mib], t[big_mib]
             cat_gbs, ckd_gbs = (s1 - s0) / (c1 - c0) / 1e9, (s1 - s0) / (k1 - k0) / 1e9
             print(f"| {kind} | {cat_gbs:.2f} | {ckd_gbs:.2f} | {ckd_gbs / cat_gbs:.2f}x | {c1 / k1:.2f}x |")
