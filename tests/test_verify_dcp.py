@@ -237,7 +237,7 @@ def test_slice_end_records_are_judged_as_torch_reads_them(end_record_saves, tmp_
     """CKD105 on a damaged end record of a shard's last archive agrees with torch's own
     dcp.load in both directions.  torch.save always writes a zip64 record, and its reader then
     never reads the 32-bit EOCD sizes: damage there loads fine (it was a false CKD105 before),
-    damage to the zip64 sizes fails to load (it was a false pass before)."""
+    damage to the zip64 sizes fails to load (it was a false pass before).  The same for --deep."""
     import torch
     import torch.distributed.checkpoint as dcp
     from ckptdoctor.layouts import dcp as D
@@ -259,6 +259,10 @@ def test_slice_end_records_are_judged_as_torch_reads_them(end_record_saves, tmp_
     assert bool(hits) == (not loads), (damage, loads, [f.message for f in hits])
     if hits:
         assert hits[0].details["fqn"] == last.fqn and last.relative_path in hits[0].path
+    # --deep reads each archive's directory itself: it must agree too (a damaged zip64 or locator
+    # signature loads in torch, and --deep called the directory unreadable before)
+    deep = api.verify(str(d), deep=True).findings
+    assert [f.rule for f in deep] == (["CKD105"] if hits else []), (damage, [(f.rule, f.message) for f in deep])
 
 
 def test_shared_shard_buffer_never_hands_out_the_previous_shards_bytes(tmp_path):

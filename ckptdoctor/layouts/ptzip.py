@@ -139,21 +139,28 @@ def members(read, base: int, length: int, limit: int = 100_000) -> list[Member]:
         raise ZipDirError("no end-of-central-directory record")
     eocd = end - (len(tail) - at)
     _, _, _, _, count, cd_size, cd_off, _ = struct.unpack("<4s4H2LH", tail[at:at + EOCD_LEN])
-    loc = read(eocd - 20, 20) if eocd - 20 >= base else b""
-    if loc[:4] == Z64_LOCATOR:  # torch always writes zip64 records between directory and end record
+    # The end records as torch's reader (miniz) takes them: a zip64 locator right before the EOCD
+    # whose record carries its signature makes that record the authority (torch always writes
+    # both), a locator pointing past the archive is fatal, and without a zip64 record the 32-bit
+    # fields count.  Offsets are from the archive's start: miniz allows no prepended bytes.
+    # Measured against dcp.load: a damaged zip64 or locator signature loads, and was a false
+    # "directory unreadable" here while this searched for prepended bytes and required the record.
+    zip64 = False
+    loc = read(eocd - 20, 20) if eocd - 20 - 56 >= base else b""
+    if loc[:4] == Z64_LOCATOR:
         z64 = struct.unpack("<Q", loc[8:16])[0]
-        rec = read(base + z64, 56) if base + z64 + 56 <= eocd - 20 else b""
-        if rec[:4] != Z64_EOCD:
-            raise ZipDirError("zip64 end record missing or out of place")
-        count, cd_size, cd_off = struct.unpack("<QQQ", rec[32:56])
-        eocd = base + z64  # the directory ends where the zip64 record starts
-    elif 0xFFFFFFFF in (cd_size, cd_off) or count == 0xFFFF:
-        raise ZipDirError("zip64 sizes without a zip64 locator")
+        if z64 > length - 56:
+            raise ZipDirError("zip64 end-of-central-directory locator points past the archive")
+        rec = read(base + z64, 56)
+        if rec[:4] == Z64_EOCD and len(rec) == 56:
+            count, cd_size, cd_off = struct.unpack("<QQQ", rec[32:56])
+            eocd, zip64 = base + z64, True  # the directory ends where the zip64 record starts
+    if not zip64 and (0xFFFFFFFF in (cd_size, cd_off) or count == 0xFFFF):
+        raise ZipDirError("zip64 sizes without a zip64 record")
     if count > limit or cd_size > limit * 1024:  # every read stays bounded, whatever the numbers say
         raise ZipDirError(f"{count} members in a {cd_size}-byte directory (limit {limit} members)")
-    concat = eocd - cd_size - cd_off - base  # bytes prepended to the archive (0 for torch's writer)
-    cd_start = base + concat + cd_off
-    if concat < 0 or cd_start < base or cd_start + cd_size > eocd:
+    cd_start = base + cd_off
+    if cd_start + cd_size > eocd:
         raise ZipDirError("central directory lies outside the archive")
     cd = read(cd_start, cd_size)
     out, pos = [], 0
@@ -166,7 +173,7 @@ def members(read, base: int, length: int, limit: int = 100_000) -> list[Member]:
         pos += 46 + nlen + xlen + clen
         if 0xFFFFFFFF in (csize, usize, lho):
             usize, csize, lho = _zip64_extra(extra, usize, csize, lho, name)
-        local = base + concat + lho
+        local = base + lho
         head = read(local, 30) if local + 30 <= end else b""
         if head[:4] != LOCAL_SIG:
             raise ZipDirError(f"member {name}: no local header where the directory points")
