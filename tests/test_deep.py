@@ -334,3 +334,102 @@ def test_deep_on_a_single_file_reads_only_that_file(trainer):
     _patch(f, start, struct.pack("<I", 0x7FC00000))
     rep = api.verify(str(f), deep=True)
     assert {x.rule for x in rep.findings} >= {"CKD130"} and all("optimizer.pt" in x.path for x in rep.findings)
+
+
+@pytest.mark.parametrize("dtype, torch_dtype", [("F16", "float16"), ("BF16", "bfloat16"), ("F8_E5M2", "float8_e5m2"),
+                                                 ("F8_E4M3", "float8_e4m3fn")])
+def test_window_test_agrees_with_torch_on_every_bit_pattern(dtype, torch_dtype):
+    """The whole-window test (two integer maxima, no mask) against torch's isfinite, for every 8- and 16-bit
+    pattern at the window's start, middle and end: a window it calls finite must be finite to torch."""
+    np = pytest.importorskip("numpy")
+    from ckptdoctor.checks import deep_scan as ds
+    width, expo, _ = ds.FLOATS[dtype]
+    n = 1 << (8 * width)
+    pats = torch.arange(n, dtype=torch.int32).to(torch.uint8 if width == 1 else torch.int16)
+    ref = torch.isfinite(pats.view(getattr(torch, torch_dtype)).float()).tolist()
+    assert not all(ref)
+    ones = {"F16": 0x3C00, "BF16": 0x3F80, "F8_E5M2": 0x3C, "F8_E4M3": 0x38}[dtype]  # 1.0: finite
+    win = np.full(257, ones, dtype=ds.UINT[width])
+    for v in range(n):
+        for at in (0, 128, 256):
+            win[at] = v
+            assert ds._all_finite(np, win.tobytes(), dtype, win.size, expo) == ref[v], (dtype, hex(v), at)
+            win[at] = ones
+
+
+@pytest.mark.parametrize("dtype, pattern, nan, inf", [("float16", 0xFC00, 0, 1), ("float16", 0x7E01, 1, 0),
+                                                      ("float8_e4m3fn", 0xFF, 1, 0), ("float8_e5m2", 0x7C, 0, 1)])
+def test_half_and_fp8_nonfinite_named_as_torch_loads_them(tmp_path, dtype, pattern, nan, inf):
+    from safetensors.torch import load_file, save_file
+    d = tmp_path / "hf"
+    d.mkdir()
+    t = torch.randn(64, 64, generator=torch.Generator().manual_seed(2)).clamp(-8, 8).to(getattr(torch, dtype))
+    save_file({"w": t, "b": torch.zeros(64, dtype=getattr(torch, dtype))}, str(d / "model.safetensors"))
+    assert not api.verify(str(d), deep=True).findings
+    width = t.element_size()
+    _poke(d / "model.safetensors", "w", 1000, pattern.to_bytes(width, "little"))
+    hit = assert_fires(api.verify(str(d), deep=True), "CKD130", path_contains="model.safetensors")[0]
+    assert hit.details["tensor"] == "w" and (hit.details["nan"], hit.details["inf"]) == (nan, inf)
+    got = load_file(str(d / "model.safetensors"))["w"].float()   # what the real loader hands the model
+    assert int(torch.isnan(got).sum()) == nan and int(torch.isinf(got).sum()) == inf
+
+
+# ---- the forked mmap workers (large scans from a single-threaded process, i.e. the CLI) ------------
+_WORKERS = r"""
+import json, os, signal, sys
+import ckptdoctor.checks.deep_scan as ds
+from ckptdoctor import api
+path, mode = sys.argv[1], sys.argv[2]
+seen = {"forked": 0, "signals": []}
+inner = ds._scan_in_workers
+def spy(*a):
+    got = inner(*a)
+    seen["forked"] += 1
+    seen["signals"] += got[2]
+    return got
+ds._scan_in_workers = spy
+ds.FORK_MIN = 0 if mode != "threads" else 1 << 62
+if mode == "truncate":  # the shard shrinks to 128 KiB under a worker's mapping, after its first window
+    window = ds._window
+    def window_then_cut(np, chunk, *a):
+        window(np, chunk, *a)
+        if len(chunk) == ds.WINDOW and os.path.getsize(sys.argv[3]) > 1 << 17:
+            os.truncate(sys.argv[3], 1 << 17)
+    ds._window = window_then_cut
+rep = api.verify(path, deep=True)
+print(json.dumps({"seen": seen, "findings": [[f.rule, f.path, f.message] for f in rep.findings]}))
+"""
+
+
+def _in_fresh_process(*args):
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", _WORKERS, *map(str, args)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_forked_workers_find_exactly_what_threads_find(real):
+    ck = real("dcp_4rank")
+    assert not _in_fresh_process(ck, "workers")["findings"]  # healthy: nothing
+    path, start, _ = _dcp_item(ck, "dense.weight")
+    _patch(path, start + 4, struct.pack("<I", 0x7FC00000))  # a NaN (and so a CRC change) in one record
+    forked, threads = _in_fresh_process(ck, "workers"), _in_fresh_process(ck, "threads")
+    assert forked["seen"]["forked"] == 1 and threads["seen"]["forked"] == 0
+    assert forked["findings"] == threads["findings"]
+    assert {r for r, _p, _m in forked["findings"]} == {"CKD130", "CKD132"}
+
+
+def test_a_shard_truncated_under_a_worker_is_reported_not_a_crash(tmp_path):
+    import signal
+    import torch.distributed.checkpoint as dcp
+    ck = tmp_path / "step"
+    g = torch.Generator().manual_seed(3)
+    dcp.save({"w": torch.randn(512, 1024, generator=g)}, checkpoint_id=str(ck), no_dist=True)  # 2 MiB record
+    shard = next(ck.glob("*.distcp"))
+    got = _in_fresh_process(ck, "truncate", shard)
+    assert got["seen"]["signals"] == [signal.SIGBUS]  # the worker touching the vanished pages died of it...
+    rules = [r for r, _p, _m in got["findings"]]
+    assert rules == ["CKD901"], got["findings"]          # ...and this process read the rest and said so
+    assert "ended at byte" in got["findings"][0][2] and shard.name in got["findings"][0][2]

@@ -14,17 +14,25 @@ checked against the bytes (CKD132), and per file the crash signature of delayed 
 4 KiB-aligned all-zero run reaching the end of the file inside a record that is non-zero before
 it (CKD131; a record zero throughout, like a fresh bias, is not flagged).
 
-Speed: records are read with pread into one 1 MiB buffer per thread (the window stays in cache for
-the CRC and the NaN test) and spread over the cores present.  Not mmap: it measured 7.3 (pread)
-against 5.1 GB/s once and 5.3 against 5.6 on a later VM, and a shard truncated while it is mapped
-kills the process with SIGBUS where pread returns a short read we report.  ISA-L's CRC-32 (the `deep` extra)
-runs at 65 GB/s where zlib's manages 6.9.  benchmarks/deep_bench.py compares with `cat`.  Memory:
-one buffer per thread, whatever the file size.
+Speed: a scan of FORK_MIN bytes or more, from a process that runs one thread (the CLI), runs in
+forked workers, one per core, that read the page cache through mmap: no copy, and no GIL shared.
+Otherwise records are read with pread into one 1 MiB buffer per thread (the window stays in cache
+for the CRC and the NaN test).  Not mmap in this process: a shard truncated while it is mapped
+kills the process that touches it with SIGBUS, where pread returns a short read we report; a worker
+that dies so loses only its unreported records, which this process then reads with pread.  On
+this project's 2-core VM (AMD EPYC, AVX2, no AVX-512) ISA-L's CRC-32 (the `deep` extra) runs at
+9-11 GB/s per core, zlib's at 2.3, and the copy pread makes costs about as much: the workers save
+it (whole `verify --deep` of 2 GiB, alternating with the pread threads: DCP 0.62-0.70 s against
+0.92-0.97, safetensors 0.44-0.52 against 0.67-0.90; benchmarks/README.md, session 9).  Memory: one
+buffer per thread, at most MAP_CHUNK mapped per worker.
 """
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
+import struct
+import sys
 import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +46,14 @@ from ..layouts import safetensors as stf
 WINDOW = 1 << 20   # bytes per read per thread (a multiple of every element width); measured on 2 GiB
                    # page-cached: 1 MiB 16.5 GB/s (DCP), 256 KiB 12.0, 4 MiB 15.8, 16 MiB 6.5
 PAGE = 4096
+# Large scans run in forked worker processes that read the page cache through mmap, no copy: 1 GiB
+# DCP page-cached, 2 cores, 9.2-10.3 GB/s against 5.8-7.3 for pread threads (cat: 8.0-9.5).  Not
+# mmap in this process: a file truncated under a mapping kills the process touching it with SIGBUS;
+# a worker that dies so only loses its unreported records, which this process then reads with pread
+# (short reads, reported).  Below FORK_MIN forking costs more than it saves.
+FORK_MIN = 64 << 20
+MAP_CHUNK = 64 << 20  # bytes a worker maps at a time: its mapped pages stay bounded
+_MSG = struct.Struct("<BIqqqq")  # kind (0 progress, 1 result), index, nan|bytes, inf, crc, upto (-1: whole)
 # dtype -> (element bytes, exponent-all-ones mask, mantissa mask); a value is non-finite when its
 # exponent bits are all ones (F8_E4M3 has no Inf: only S.1111.111 is NaN)
 FLOATS = {"F64": (8, 0x7FF0000000000000, 0x000FFFFFFFFFFFFF), "F32": (4, 0x7F800000, 0x007FFFFF),
@@ -47,7 +63,10 @@ FLOATS = {"F64": (8, 0x7FF0000000000000, 0x000FFFFFFFFFFFFF), "F32": (4, 0x7F800
 TORCH_FLOATS = {"float64": "F64", "double": "F64", "float32": "F32", "float": "F32", "float16": "F16",
                 "half": "F16", "bfloat16": "BF16", "float8_e5m2": "F8_E5M2", "float8_e4m3fn": "F8_E4M3"}
 UINT = {8: "<u8", 4: "<u4", 2: "<u2", 1: "u1"}
-NATIVE = {"F64": "<f8", "F32": "<f4", "F16": "<f2"}  # numpy's isfinite: 64 GB/s against 32 for the mask
+SINT = {8: "<i8", 4: "<i4", 2: "<i2", 1: "i1"}
+# numpy's isfinite, where it beats the two maxima of _all_finite (1 MiB in cache, numpy 2.4): F32 22
+# against 20 GB/s, F64 32 against 21.  Not F16: numpy's isfinite converts it, 0.9 GB/s against 45.
+NATIVE = {"F64": "<f8", "F32": "<f4"}
 TENSOR_SUFFIXES = (".safetensors", ".distcp", ".pt", ".pth", ".bin", ".ckpt")
 STORED = 0  # zip method: stored (torch.save never compresses tensor bytes)
 
@@ -81,7 +100,8 @@ class RecordScan:
     nan: int = 0
     inf: int = 0
     crc: int | None = None      # computed, when the record has one to compare
-    short: bool = False         # the file ended before the record did
+    short: bool = False         # the file ended before the record did...
+    upto: int = 0               # ...at this byte
 
 
 @dataclass
@@ -91,6 +111,9 @@ class DeepResult:
     bad_crc: list[dict] = field(default_factory=list)      # {file, record, expected, actual}
     unreadable: list[dict] = field(default_factory=list)   # {file, why}: archive directory damaged
     skipped: list[str] = field(default_factory=list)       # files not scanned (reported as CKD901)
+    changed: list[dict] = field(default_factory=list)      # {file, record, end}: shorter than when listed
+    rescanned: int = 0                                      # records a dead worker left, read here instead
+    worker_signals: list[int] = field(default_factory=list)  # signals that ended scan workers
     units: int = 0                                          # files scanned by this process (--slice)
     bytes: int = 0
     records: int = 0
@@ -112,9 +135,8 @@ def scan(ck, eng) -> DeepResult | None:
     if files and not ck.storage.local:
         why = "reads local files only"
     elif files:
-        try:
-            import numpy  # noqa: F401
-        except ImportError:
+        import importlib.util  # not imported here: the workers import it after they fork (see _may_fork)
+        if importlib.util.find_spec("numpy") is None:
             why = "needs numpy (pip install 'ckptdoctor[deep]')"
     if why:  # fail closed: what was asked for and not scanned is not "fine"
         for n in sorted(files):
@@ -136,6 +158,15 @@ def scan(ck, eng) -> DeepResult | None:
         _run(ck, plan, files, res, prog)
     finally:
         prog.close()
+    firsts = {}
+    for d in res.changed:  # fail closed: bytes that vanished under the scan were not judged
+        firsts.setdefault(d["file"], d)
+    for d in firsts.values():
+        eng.emit("CKD901", Hit(ck.path(d["file"]), f"--deep: {d['file']} ended at byte {d['size']} while it was "
+                                                   f"scanned, inside record {d['record']} (bytes {d['start']}-"
+                                                   f"{d['end']}); the rest was not scanned",
+                               details=d, hint="the file shrank after it was listed: is something still writing "
+                                               "this checkpoint? verify again once it is finished"))
     return res
 
 
@@ -259,16 +290,16 @@ def _dcp_records(ck, name: str, size: int, read, res: DeepResult, eng) -> list[R
 
 # ---- the scan ------------------------------------------------------------------------------------
 def _run(ck, plan, files, res: DeepResult, prog) -> None:
-    import numpy as np
-    threads = max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
-                         8, sum(len(r) for _, r in plan) or 1))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = max(1, min(cores, 8, sum(len(r) for _, r in plan) or 1))
     local = threading.local()  # one window buffer per thread
 
     def one(args):
         name, fd, rec = args
         if not hasattr(local, "buf"):
             local.buf = aligned_buffer(WINDOW)
-        return name, rec, _scan_record(np, fd, rec, local.buf)
+        return _scan_record(np, fd, rec, local.buf)
+
 
     fds: dict[str, int] = {}
     try:
@@ -279,16 +310,160 @@ def _run(ck, plan, files, res: DeepResult, prog) -> None:
             except (NotRegularFile, OSError):
                 continue  # listed a moment ago; the structural checks report what it is now
             work += [(name, fds[name], r) for r in sorted(recs, key=lambda r: r.start)]
-        with ThreadPoolExecutor(threads) as ex:
-            for name, rec, got in ex.map(one, work):
-                prog(rec.end - rec.start)
-                _judge(res, rec, got)
+        got: dict[int, RecordScan] = {}
+        counted: dict[int, int] = {}  # bytes of each record the workers' progress already counted
+        np = _numpy()
+        if sum(r.end - r.start for _, _, r in work) >= FORK_MIN and _may_fork():
+            got, counted, res.worker_signals = _scan_in_workers(np, work, workers, prog)
+            res.rescanned = len(work) - len(got)
+        rest = [i for i in range(len(work)) if i not in got]
+        if rest:
+            with ThreadPoolExecutor(workers) as ex:  # the records no worker reported, or all of them
+                for i, scanned in zip(rest, ex.map(one, [work[i] for i in rest])):
+                    prog(work[i][2].end - work[i][2].start - counted.get(i, 0))
+                    got[i] = scanned
+        for i, (name, _fd, rec) in enumerate(work):
+            _judge(res, rec, got[i])
         for name, _recs in plan:
             if name in fds:
-                _zero_tail_of(np, fds[name], files[name], name, _recs, res)
+                _zero_tail_of(fds[name], files[name], name, _recs, res)
     finally:
         for fd in fds.values():
             os.close(fd)
+
+
+def _numpy():
+    """numpy; when this import is the process's first, and the process runs one thread, without
+    OpenBLAS's thread pool (it starts at import, and a second thread rules the forked workers out: see
+    _may_fork).  The scan does no linear algebra; the environment is restored after the import."""
+    if "numpy" in sys.modules or not _may_fork():
+        import numpy
+        return numpy
+    saved = os.environ.get("OPENBLAS_NUM_THREADS")
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        import numpy
+    finally:
+        if saved is None:
+            del os.environ["OPENBLAS_NUM_THREADS"]
+        else:
+            os.environ["OPENBLAS_NUM_THREADS"] = saved
+    return numpy
+
+
+def _may_fork() -> bool:
+    """Forking is safe: Linux, and this process runs one thread, by the kernel's count, which includes
+    threads a library started in C (a fork copies only the calling thread, with whatever locks the
+    others held; Python 3.12+ warns on it).  A process that imported numpy itself usually has more
+    (OpenBLAS's pool): it scans with threads."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
+        return False
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh.read(65536).splitlines():
+                if line.startswith(b"Threads:"):
+                    return int(line.split()[1]) == 1
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def _scan_in_workers(np, work, workers: int, prog) -> tuple[dict[int, RecordScan], dict[int, int], list[int]]:
+    """Scan `work` in `workers` forked processes, each reading its records through mmap.  Returns the
+    scans they reported, the bytes their progress counted per record, and the signals that ended any
+    of them.  A record a worker did not report (it died: SIGBUS from a file truncated under its
+    mapping, a signal, an error) is absent, and the caller reads it with pread."""
+    import select
+    loads, mine = [0] * workers, [[] for _ in range(workers)]
+    for i in sorted(range(len(work)), key=lambda i: -(work[i][2].end - work[i][2].start)):
+        k = loads.index(min(loads))  # largest first to the least-loaded worker
+        loads[k] += work[i][2].end - work[i][2].start
+        mine[k].append(i)
+    got: dict[int, RecordScan] = {}
+    counted: dict[int, int] = {}
+    signals: list[int] = []
+    pids: dict[int, int] = {}  # read end -> pid
+    try:
+        for idxs in filter(None, mine):
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the worker: it never returns into the caller's code
+                code = 1
+                try:
+                    os.close(r)
+                    _worker(np, work, sorted(idxs, key=lambda i: (work[i][0], work[i][2].start)), w)
+                    code = 0
+                finally:
+                    os._exit(code)
+            os.close(w)
+            pids[r] = pid
+        pending = {r: b"" for r in pids}
+        poll = select.poll()
+        for r in pids:
+            poll.register(r, select.POLLIN)
+        while pending:
+            for r, _ev in poll.poll():
+                chunk = os.read(r, 1 << 16)
+                if not chunk:  # the worker is done, or dead
+                    poll.unregister(r)
+                    del pending[r]
+                    os.close(r)
+                    _pid, status = os.waitpid(pids.pop(r), 0)
+                    if os.WIFSIGNALED(status):
+                        signals.append(os.WTERMSIG(status))
+                    continue
+                buf = pending[r] + chunk
+                whole = len(buf) - len(buf) % _MSG.size
+                for kind, i, a, b, c, upto in _MSG.iter_unpack(buf[:whole]):
+                    if kind:
+                        got[i] = RecordScan(nan=a, inf=b, crc=c if work[i][2].crc is not None else None,
+                                            short=upto >= 0, upto=max(upto, 0))
+                    else:
+                        counted[i] = counted.get(i, 0) + a
+                        prog(a)
+                pending[r] = buf[whole:]
+    finally:
+        for r, pid in pids.items():  # interrupted: stop and reap the workers
+            try:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+            os.close(r)
+    return got, counted, signals
+
+
+def _worker(np, work, idxs: list[int], w: int) -> None:
+    for i in idxs:
+        _name, fd, rec = work[i]
+        out = _scan_mapped(np, fd, rec, lambda n, i=i: os.write(w, _MSG.pack(0, i, n, 0, 0, 0)))
+        os.write(w, _MSG.pack(1, i, out.nan, out.inf, out.crc or 0, out.upto if out.short else -1))
+
+
+def _scan_mapped(np, fd: int, rec: Record, progress) -> RecordScan:
+    """_scan_record's pass, reading the page cache through a mapping of MAP_CHUNK bytes at a time."""
+    out = RecordScan(crc=0 if rec.crc is not None else None)
+    width, expo, mant = FLOATS[rec.dtype] if rec.dtype else (0, 0, 0)
+    size = os.fstat(fd).st_size
+    if size < rec.end:  # shorter than when it was listed: the bytes that are there, by pread
+        return _scan_record(np, fd, rec, aligned_buffer(WINDOW))
+    pos = rec.start
+    while pos < rec.end:
+        base = pos - pos % mmap.ALLOCATIONGRANULARITY
+        stop = min(rec.end, base + MAP_CHUNK)
+        m = mmap.mmap(fd, stop - base, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=base)
+        view = memoryview(m)
+        try:
+            for off in range(pos, stop, WINDOW):
+                chunk = view[off - base:min(stop, off + WINDOW) - base]
+                _window(np, chunk, rec.dtype, width, expo, mant, out)
+                chunk.release()
+        finally:
+            view.release()
+            m.close()
+        progress(stop - pos)
+        pos = stop
+    return out
 
 
 def _judge(res: DeepResult, rec: Record, got: RecordScan) -> None:
@@ -297,6 +472,9 @@ def _judge(res: DeepResult, rec: Record, got: RecordScan) -> None:
     if got.nan or got.inf:
         res.nonfinite.append({"file": rec.file, "tensor": rec.name, "dtype": rec.dtype, "nan": got.nan,
                               "inf": got.inf})
+    if got.short:
+        res.changed.append({"file": rec.file, "record": rec.name, "start": rec.start, "end": rec.end,
+                            "size": got.upto})
     if rec.crc is not None and not got.short and got.crc != rec.crc:
         res.bad_crc.append({"file": rec.file, "record": rec.name, "start": rec.start, "end": rec.end,
                             "expected": f"{rec.crc:08x}", "actual": f"{got.crc:08x}"})
@@ -310,32 +488,42 @@ def _scan_record(np, fd: int, rec: Record, buf: memoryview) -> RecordScan:
         want = min(WINDOW, rec.end - off)
         got = os.preadv(fd, [buf[:want]], off)
         if got < want:
-            out.short = True
-        chunk = buf[:got]
-        if out.crc is not None:
-            out.crc = CRC32(chunk, out.crc)
-        if width and got >= width and not _all_finite(np, chunk, rec.dtype, got // width, expo):
-            arr = np.frombuffer(chunk, dtype=UINT[width], count=got // width)
-            bad = (arr & expo) == expo  # the slow count, only for a window that has one
-            m = (arr[bad] & mant) != 0
-            n = int(m.sum())
-            out.nan += n
-            out.inf += int(m.size) - n
-            del arr, bad, m
+            out.short, out.upto = True, off + got
+        _window(np, buf[:got], rec.dtype, width, expo, mant, out)
         if out.short:
             break
     return out
 
 
+def _window(np, chunk, dtype, width: int, expo: int, mant: int, out: RecordScan) -> None:
+    got = len(chunk)
+    if out.crc is not None:
+        out.crc = CRC32(chunk, out.crc)
+    if width and got >= width and not _all_finite(np, chunk, dtype, got // width, expo):
+        arr = np.frombuffer(chunk, dtype=UINT[width], count=got // width)
+        bad = (arr & expo) == expo  # the slow count, only for a window that has one
+        m = (arr[bad] & mant) != 0
+        n = int(m.sum())
+        out.nan += n
+        out.inf += int(m.size) - n
+        del arr, bad, m
+
+
 def _all_finite(np, chunk, dtype: str, count: int, expo: int) -> bool:
+    """No element's exponent is all ones (exact; two reductions, no temporary array).  The exponent
+    bits sit right below the sign, so (x & expo) == expo exactly when x without its sign is >= expo:
+    a positive such x is >= expo as a signed integer, a negative one >= sign|expo as an unsigned one,
+    and no other value reaches either bound.  The masked maximum it replaced ran at 15 GB/s for BF16
+    (it writes a temporary), these at 45."""
     native = NATIVE.get(dtype)
     if native:
         return bool(np.isfinite(np.frombuffer(chunk, dtype=native, count=count)).all())
-    arr = np.frombuffer(chunk, dtype=UINT[FLOATS[dtype][0]], count=count)
-    return int((arr & expo).max()) != expo  # masked values never exceed the mask
+    width = FLOATS[dtype][0]
+    return (int(np.frombuffer(chunk, dtype=SINT[width], count=count).max()) < expo
+            and int(np.frombuffer(chunk, dtype=UINT[width], count=count).max()) < (1 << (8 * width - 1)) | expo)
 
 
-def _zero_tail_of(np, fd: int, size: int, name: str, recs: list[Record], res: DeepResult) -> None:
+def _zero_tail_of(fd: int, size: int, name: str, recs: list[Record], res: DeepResult) -> None:
     tail = _zero_tail(fd, size)
     if tail is None:
         return
@@ -361,7 +549,10 @@ def _zero_tail(fd: int, size: int) -> int | None:
         pos -= PAGE
     first = None
     while pos >= 0:
-        if any(os.pread(fd, end - pos, pos)):
+        page = os.pread(fd, end - pos, pos)
+        if len(page) < end - pos:
+            return None  # shorter than when it was listed: missing bytes are not zeros (CKD901 names it)
+        if any(page):
             break
         first, end = pos, pos
         pos -= PAGE
