@@ -45,15 +45,26 @@ def table(rows, base_label):
         print(f"| `{label}` | {m.median_s:.3f} | {m.peak_rss_mib:.0f} | {m.median_s / base:.2f}x |")
 
 
-def startup():
+def startup(rounds: int = 21):
+    """Alternating rounds, from the checkpoint's own directory (a prolog's or a job's working
+    directory, not this repository, whose pyproject.toml a command would read as its config)."""
     from ckptdoctor.layouts import dcp_writer as W
     d = tempfile.mkdtemp()
     W.write(d, [W.Item("w", (4, 4), (0, 0), (4, 4), [1.0] * 16)])
-    subprocess.run(CKD + ["verify", d], stdout=subprocess.DEVNULL)  # a first run compiles the CLI spec
-    rows = [("python -c pass", timeit([PY, "-c", "pass"], 15)),
-            ("ckptdoctor --version", timeit([PY, "-m", "ckptdoctor", "--version"], 15)),
-            ("ckptdoctor verify <small DCP>", timeit(CKD + ["verify", d], 15))]
-    table(rows, "python -c pass")
+    script = os.path.join(os.path.dirname(PY), "ckptdoctor")  # the installed console script
+    cmds = {"python -c pass": [PY, "-c", "pass"], "ckptdoctor --version": CKD + ["--version"],
+            "python -m ckptdoctor verify <small DCP>": CKD + ["verify", d]}
+    if os.path.exists(script):
+        cmds["ckptdoctor verify <small DCP> (console script)"] = [script, "verify", d]
+    here = os.getcwd()
+    os.chdir(d)
+    try:
+        for c in cmds.values():  # a first run compiles the CLI spec and the caches
+            subprocess.run(c, stdout=subprocess.DEVNULL)
+        r = alternate({k: (lambda c=c: timeit(c, 1)) for k, c in cmds.items()}, rounds)
+    finally:
+        os.chdir(here)
+    table([(k, combined(v)) for k, v in r.items()], "python -c pass")
     shutil.rmtree(d)
 
 

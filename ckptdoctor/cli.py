@@ -4,9 +4,8 @@ from __future__ import annotations
 import gc
 import os
 import sys
-from dataclasses import dataclass
+from .values import value
 from enum import Enum
-from typing import List, Optional
 
 from . import __version__
 from . import clidecl as typer  # typer's API, recorded; typer itself is imported only when needed
@@ -77,7 +76,7 @@ ColorOpt = typer.Option(Color.auto, "--color", help="Colour in text output: auto
                         "NO_COLOR is set), always, never.")
 
 
-def _split(values: Optional[List[str]]) -> list[str]:
+def _split(values: list[str] | None) -> list[str]:
     out: list[str] = []
     for v in values or []:
         out += [x for x in v.replace(",", " ").split() if x]
@@ -106,14 +105,14 @@ def _engine(command: str, target: str, c: "Common", options: dict | None = None)
     return eng
 
 
-@dataclass
+@value
 class Common:
     """The options every judging subcommand shares, declared once."""
-    select: Optional[List[str]]
-    ignore: Optional[List[str]]
-    fail_on: Optional["Level"]
-    severity: Optional[List[str]]
-    config: Optional[str]
+    select: list[str] | None
+    ignore: list[str] | None
+    fail_on: Level | None
+    severity: list[str] | None
+    config: str | None
     isolated: bool
     format: "Fmt"
     debug: bool
@@ -159,36 +158,36 @@ def _logging(quiet: bool, debug: bool) -> None:
 @app.command(rich_help_panel="Inspection")
 def verify(
     path: str = typer.Argument(..., help="Checkpoint directory, run root, or fsspec URL (s3://, file://)."),
-    layout: Optional[str] = typer.Option(None, "--layout", autocompletion=_complete_layouts,
+    layout: str | None = typer.Option(None, "--layout", autocompletion=_complete_layouts,
                                          help="Force a layout (see `ckptdoctor layouts`)."),
     target: Target = typer.Option(Target.all, "--target", help="all: every checkpoint decides the exit status; "
                                   "resume: the relaunch gate, only the tracker and the checkpoint the framework "
                                   "will resume from (findings elsewhere become info)."),
-    num_experts: Optional[int] = typer.Option(None, "--num-experts", help="Expected expert count for "
+    num_experts: int | None = typer.Option(None, "--num-experts", help="Expected expert count for "
                                               "CKD109 (default: from config.json)."),
-    mtime_tolerance: Optional[float] = typer.Option(None, "--mtime-tolerance", help="Seconds a shard may "
+    mtime_tolerance: float | None = typer.Option(None, "--mtime-tolerance", help="Seconds a shard may "
                                                     "be newer than its marker before CKD107 fires [default: 2]."),
     checksums: bool = typer.Option(False, "--checksums", help="Also re-hash every file against the "
                                    "manifest (ckptdoctor.manifest.json or Megatron integrity.json); no "
                                    "manifest is an error."),
-    slice_: Optional[str] = typer.Option(None, "--slice", help="With --checksums or --deep: read only slice K "
+    slice_: str | None = typer.Option(None, "--slice", help="With --checksums or --deep: read only slice K "
                                          "of N (K/N, e.g. $SLURM_PROCID/$SLURM_NTASKS); combine with `ckptdoctor "
                                          "merge`."),
-    workers: Optional[int] = typer.Option(None, "--workers", help="Hashing threads [default: one per core, max 8]."),
+    workers: int | None = typer.Option(None, "--workers", help="Hashing threads [default: one per core, max 8]."),
     deep: bool = typer.Option(False, "--deep", help="Also read tensor bytes, without torch (safetensors, DCP "
                               "shards, torch zip archives): NaN/Inf in any float dtype, each record's CRC-32, "
                               "and a zero-filled tail left by a crash."),
     fix: bool = typer.Option(False, "--fix", help="Run roots: when the framework would resume from a broken "
                              "checkpoint (or none), repoint the tracker to the newest complete one (atomic, with "
                              "a backup); never deletes or moves a checkpoint's data."),
-    fix_to: Optional[int] = typer.Option(None, "--fix-to", help="With --fix: resume from this step instead "
+    fix_to: int | None = typer.Option(None, "--fix-to", help="With --fix: resume from this step instead "
                                          "(it must be complete)."),
     quarantine: bool = typer.Option(False, "--quarantine", help="With --fix, for families without a tracker "
                                     "(newest directory wins): rename broken newer checkpoints to a name the "
                                     "framework ignores."),
-    select: Optional[List[str]] = SelectOpt, ignore: Optional[List[str]] = IgnoreOpt,
-    fail_on: Optional[Level] = FailOnOpt, severity: Optional[List[str]] = SeverityOpt,
-    config: Optional[str] = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
+    select: list[str] | None = SelectOpt, ignore: list[str] | None = IgnoreOpt,
+    fail_on: Level | None = FailOnOpt, severity: list[str] | None = SeverityOpt,
+    config: str | None = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
     debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt, color: Color = ColorOpt,
 ):
     """Check a checkpoint or run root: completeness, sizes, markers, trackers, coverage. Read-only
@@ -214,7 +213,7 @@ def verify(
     _finish(eng, format)
 
 
-def _parse_slice(value: Optional[str], reads: bool):
+def _parse_slice(value: str | None, reads: bool):
     if value is None:
         return None
     k, sep, n = value.partition("/")
@@ -231,7 +230,7 @@ def _parse_slice(value: Optional[str], reads: bool):
 
 @app.command(rich_help_panel="Inspection")
 def manifest(path: str = typer.Argument(..., help="One checkpoint directory (local)."),
-             workers: Optional[int] = typer.Option(None, "--workers", help="Hashing threads."),
+             workers: int | None = typer.Option(None, "--workers", help="Hashing threads."),
              force: bool = typer.Option(False, "--force", help="Write it even if the checkpoint fails "
                                         "structural verify."),
              replace: bool = typer.Option(False, "--replace", help="Rewrite an existing manifest (atomically)."),
@@ -249,8 +248,8 @@ def manifest(path: str = typer.Argument(..., help="One checkpoint directory (loc
 
 
 @app.command(rich_help_panel="Inspection")
-def merge(reports: List[str] = typer.Argument(..., help="JSON reports of `verify --checksums --slice K/N`."),
-          fail_on: Optional[Level] = FailOnOpt, format: Fmt = FormatOpt, quiet: bool = QuietOpt,
+def merge(reports: list[str] = typer.Argument(..., help="JSON reports of `verify --checksums --slice K/N`."),
+          fail_on: Level | None = FailOnOpt, format: Fmt = FormatOpt, quiet: bool = QuietOpt,
           debug: bool = DebugOpt):
     """Combine slice reports into one verdict; every slice 0..N-1 must be present."""
     from .commands.merge import merge as do_merge
@@ -265,7 +264,7 @@ def merge(reports: List[str] = typer.Argument(..., help="JSON reports of `verify
 def publish(
     src: str = typer.Argument(..., help="Local checkpoint directory to publish (e.g. node-local NVMe)."),
     dest_root: str = typer.Argument(..., help="Destination run root: a path or an fsspec URL (s3://...)."),
-    name: Optional[str] = typer.Option(None, "--name", help="Name under DEST_ROOT [default: basename of SRC]."),
+    name: str | None = typer.Option(None, "--name", help="Name under DEST_ROOT [default: basename of SRC]."),
     tracker: str = typer.Option("auto", "--tracker", help="Tracker to update last: auto (from the checkpoint "
                                 "name and DEST_ROOT), none, or a family that writes one (megatron, verl, "
                                 "deepspeed, ...; see `ckptdoctor layouts`)."),
@@ -275,21 +274,21 @@ def publish(
     trust_manifest: bool = typer.Option(False, "--trust-manifest", help="When DEST_ROOT/<name> exists, take "
                                         "its manifest's word that it holds the source's bytes instead of "
                                         "re-reading the destination."),
-    keep_last: Optional[int] = typer.Option(None, "--keep-last", help="After committing, keep only the newest "
+    keep_last: int | None = typer.Option(None, "--keep-last", help="After committing, keep only the newest "
                                             "K checkpoints (never the tracker target or one being written)."),
-    keep_every: Optional[int] = typer.Option(None, "--keep-every", help="Also keep every checkpoint whose "
+    keep_every: int | None = typer.Option(None, "--keep-every", help="Also keep every checkpoint whose "
                                              "step is a multiple of M."),
-    workers: Optional[int] = typer.Option(None, "--workers", help="Parallel file copies [default: 2 x cores, max 8]."),
-    part: Optional[str] = typer.Option(None, "--part", help="K/N: this node's part of a checkpoint spread over N "
+    workers: int | None = typer.Option(None, "--workers", help="Parallel file copies [default: 2 x cores, max 8]."),
+    part: str | None = typer.Option(None, "--part", help="K/N: this node's part of a checkpoint spread over N "
                                        "nodes' local disks (K from 0, e.g. $SLURM_NODEID/$SLURM_NNODES); the "
                                        "part completing the set verifies and commits."),
-    publish_id: Optional[str] = typer.Option(None, "--publish-id", help="With --part: the same ID on every node "
+    publish_id: str | None = typer.Option(None, "--publish-id", help="With --part: the same ID on every node "
                                              "(e.g. $SLURM_JOB_ID); a re-run with it resumes."),
     timeout: float = typer.Option(1800.0, "--timeout", help="With --part: seconds to wait for the other parts "
                                   "before giving up with nothing committed (exit 75)."),
-    select: Optional[List[str]] = SelectOpt, ignore: Optional[List[str]] = IgnoreOpt,
-    fail_on: Optional[Level] = FailOnOpt, severity: Optional[List[str]] = SeverityOpt,
-    config: Optional[str] = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
+    select: list[str] | None = SelectOpt, ignore: list[str] | None = IgnoreOpt,
+    fail_on: Level | None = FailOnOpt, severity: list[str] | None = SeverityOpt,
+    config: str | None = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
     debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt, color: Color = ColorOpt,
 ):
     """Copy a checkpoint so it appears whole or not at all: verify, copy+hash, fsync, manifest,
@@ -340,8 +339,8 @@ def publish(
 @app.command(rich_help_panel="Publishing")
 def prune(
     path: str = typer.Argument(..., help="Run root (a directory of checkpoints): a path or an fsspec URL."),
-    keep_last: Optional[int] = typer.Option(None, "--keep-last", help="Keep the newest K checkpoints."),
-    keep_every: Optional[int] = typer.Option(None, "--keep-every", help="Also keep every checkpoint whose step "
+    keep_last: int | None = typer.Option(None, "--keep-last", help="Keep the newest K checkpoints."),
+    keep_every: int | None = typer.Option(None, "--keep-every", help="Also keep every checkpoint whose step "
                                              "is a multiple of M."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; remove nothing."),
     format: Fmt = FormatOpt, debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt,
@@ -361,9 +360,9 @@ def prune(
 def reconcile(
     path: str = typer.Argument(..., help="RL checkpoint step directory (e.g. step_7), its run root, or a "
                                "run_state/v1 file (.json/.yaml)."),
-    profile: Optional[str] = typer.Option(None, "--profile", help="Mapping profile [default: detected; "
+    profile: str | None = typer.Option(None, "--profile", help="Mapping profile [default: detected; "
                                           "see rules/profiles]."),
-    map_: Optional[List[str]] = typer.Option(None, "--map", help="Override a mapping: FIELD=FILE:PATH, "
+    map_: list[str] | None = typer.Option(None, "--map", help="Override a mapping: FIELD=FILE:PATH, "
                                              "e.g. sampler.cursor=training_info.json:sampler_dispatch_index "
                                              "(repeatable)."),
     show_state: bool = typer.Option(False, "--show-state", help="Print the mapped run_state/v1 (with "
@@ -373,12 +372,12 @@ def reconcile(
     steps: int = typer.Option(4, "--steps", help="Trainer steps to simulate."),
     fix: bool = typer.Option(False, "--fix", help="Apply the one proven-safe repair (align the cursor to "
                              "the dataloader) after simulating it; backs up and rewrites atomically."),
-    fix_output: Optional[str] = typer.Option(None, "--fix-output", help="With --fix: write the repaired "
+    fix_output: str | None = typer.Option(None, "--fix-output", help="With --fix: write the repaired "
                                              "file here instead of in place (for read-only or remote "
                                              "checkpoints)."),
-    select: Optional[List[str]] = SelectOpt, ignore: Optional[List[str]] = IgnoreOpt,
-    fail_on: Optional[Level] = FailOnOpt, severity: Optional[List[str]] = SeverityOpt,
-    config: Optional[str] = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
+    select: list[str] | None = SelectOpt, ignore: list[str] | None = IgnoreOpt,
+    fail_on: Level | None = FailOnOpt, severity: list[str] | None = SeverityOpt,
+    config: str | None = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
     debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt, color: Color = ColorOpt,
 ):
     """Check that an RL run resumes on the same data: sampler cursor vs replay buffer vs dataloader.
@@ -403,42 +402,42 @@ def reconcile(
 
 @app.command(rich_help_panel="Inspection")
 def preflight(
-    location: Optional[str] = typer.Argument(None, help="Checkpoint directory or run root (path or fsspec URL); a "
+    location: str | None = typer.Argument(None, help="Checkpoint directory or run root (path or fsspec URL); a "
                                    "{node} placeholder gives each node's node-local copy, e.g. "
                                    "/mnt/{node}/nvme/run7 or sftp://{node}/nvme/run7."),
-    nodelist: Optional[str] = typer.Option(None, "--nodelist", help="Slurm hostlist of the new allocation, "
+    nodelist: str | None = typer.Option(None, "--nodelist", help="Slurm hostlist of the new allocation, "
                                            "e.g. gpu[001-004] [default: $SLURM_JOB_NODELIST, else $SLURM_NODELIST]."),
-    ranks_per_node: Optional[str] = typer.Option(None, "--ranks-per-node", help="Ranks per node, N or "
+    ranks_per_node: str | None = typer.Option(None, "--ranks-per-node", help="Ranks per node, N or "
                                                  "Slurm's '4(x3),2' [default: $SLURM_NTASKS_PER_NODE / "
                                                  "$SLURM_TASKS_PER_NODE]; rank r runs on node r // N."),
-    rank_map: Optional[str] = typer.Option(None, "--rank-map", help="Explicit rank -> node map (JSON "
+    rank_map: str | None = typer.Option(None, "--rank-map", help="Explicit rank -> node map (JSON "
                                            "{\"0\": \"gpu001\"} or 'RANK NODE' lines) for non-block layouts."),
     local: bool = typer.Option(False, "--local", help="Prolog / first-step mode: check only this node's ranks "
                                "($SLURMD_NODENAME) in LOCATION, with stats only."),
-    node: Optional[str] = typer.Option(None, "--node", help="With --local: this node's name [default: "
+    node: str | None = typer.Option(None, "--node", help="With --local: this node's name [default: "
                                        "$SLURMD_NODENAME, else the hostname]."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds the storage has to answer; past "
+    timeout: float | None = typer.Option(None, "--timeout", help="Seconds the storage has to answer; past "
                                             "it, exit 75 (requeue held) instead of hanging [default: 8 with --local, "
                                             "below Slurm's 10 s MessageTimeout; else none]. 0: no deadline."),
-    views: Optional[List[str]] = typer.Option(None, "--views", help="Judge the whole allocation from every node's "
+    views: list[str] | None = typer.Option(None, "--views", help="Judge the whole allocation from every node's "
                                               "`preflight --local --format json` report (instead of LOCATION): a "
                                               "directory of them (*.json) or one file; repeatable."),
-    mem_per_node: Optional[str] = typer.Option(None, "--mem-per-node", help="Host memory per node for the "
+    mem_per_node: str | None = typer.Option(None, "--mem-per-node", help="Host memory per node for the "
                                                "budget (CKD410), e.g. 512G [default: $SLURM_MEM_PER_NODE, "
                                                "scontrol RealMemory, or /proc/meminfo and cgroup with --local]."),
     allow_fresh: bool = typer.Option(False, "--allow-fresh", help="The job starts fresh: an empty or missing "
                                      "node-local run directory is not an error (CKD409)."),
-    expect_step: Optional[int] = typer.Option(None, "--expect-step", help="The step the job resumes from: a node "
+    expect_step: int | None = typer.Option(None, "--expect-step", help="The step the job resumes from: a node "
                                               "whose own resume target differs is an error (CKD404)."),
-    expect_tracker: Optional[str] = typer.Option(None, "--expect-tracker", help="A copy of the tracker on durable "
+    expect_tracker: str | None = typer.Option(None, "--expect-tracker", help="A copy of the tracker on durable "
                                                  "storage: its step is the job's (as --expect-step)."),
-    contract: Optional[str] = typer.Option(None, "--contract", help="Run root holding ckptdoctor.contract.json "
+    contract: str | None = typer.Option(None, "--contract", help="Run root holding ckptdoctor.contract.json "
                                            "[default: LOCATION when it has one]; its rules (CKD51x) always run."),
-    total_steps: Optional[int] = typer.Option(None, "--total-steps", help="The total step count this relaunch "
+    total_steps: int | None = typer.Option(None, "--total-steps", help="The total step count this relaunch "
                                               "uses, compared with the run contract (CKD514)."),
-    select: Optional[List[str]] = SelectOpt, ignore: Optional[List[str]] = IgnoreOpt,
-    fail_on: Optional[Level] = FailOnOpt, severity: Optional[List[str]] = SeverityOpt,
-    config: Optional[str] = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
+    select: list[str] | None = SelectOpt, ignore: list[str] | None = IgnoreOpt,
+    fail_on: Level | None = FailOnOpt, severity: list[str] | None = SeverityOpt,
+    config: str | None = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
     debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt, color: Color = ColorOpt,
 ):
     """Before a relaunch: can every rank of this allocation read what it will load?  Read-only."""
@@ -492,12 +491,12 @@ app.add_typer(contract_app, name="contract", rich_help_panel="Resume proofs")
 @contract_app.command("init")
 def contract_init(
     run_root: str = typer.Argument(..., help="The run root (directory of checkpoints)."),
-    code: Optional[str] = typer.Option(None, "--code", help="Code directory: git commit + uncommitted changes, "
+    code: str | None = typer.Option(None, "--code", help="Code directory: git commit + uncommitted changes, "
                                        "or a tree hash outside git."),
-    data: Optional[List[str]] = typer.Option(None, "--data", help="Data file or directory (repeatable); each "
+    data: list[str] | None = typer.Option(None, "--data", help="Data file or directory (repeatable); each "
                                              "file's size and content hash."),
-    recipe: Optional[List[str]] = typer.Option(None, "--recipe", help="Recipe/config file (repeatable)."),
-    total_steps: Optional[int] = typer.Option(None, "--total-steps", help="The run's total step count."),
+    recipe: list[str] | None = typer.Option(None, "--recipe", help="Recipe/config file (repeatable)."),
+    total_steps: int | None = typer.Option(None, "--total-steps", help="The run's total step count."),
     format: Fmt = FormatOpt, debug: bool = DebugOpt, quiet: bool = QuietOpt,
 ):
     """Record the run contract's first phase; refuses if RUN_ROOT already has a contract."""
@@ -513,7 +512,7 @@ def contract_init(
 @contract_app.command("check")
 def contract_check(
     run_root: str = typer.Argument(..., help="The run root holding ckptdoctor.contract.json."),
-    total_steps: Optional[int] = typer.Option(None, "--total-steps", help="The total step count the relaunch "
+    total_steps: int | None = typer.Option(None, "--total-steps", help="The total step count the relaunch "
                                               "uses; compared with the contract."),
     format: Fmt = FormatOpt, debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt,
     color: Color = ColorOpt,
@@ -531,11 +530,11 @@ def contract_check(
 def contract_new_phase(
     run_root: str = typer.Argument(..., help="The run root holding ckptdoctor.contract.json."),
     reason: str = typer.Option(..., "--reason", help="Why the contract changes (recorded with the phase)."),
-    code: Optional[str] = typer.Option(None, "--code", help="New code directory [default: the previous phase's]."),
-    data: Optional[List[str]] = typer.Option(None, "--data", help="New data paths [default: the previous phase's]."),
-    recipe: Optional[List[str]] = typer.Option(None, "--recipe", help="New recipe files [default: the previous "
+    code: str | None = typer.Option(None, "--code", help="New code directory [default: the previous phase's]."),
+    data: list[str] | None = typer.Option(None, "--data", help="New data paths [default: the previous phase's]."),
+    recipe: list[str] | None = typer.Option(None, "--recipe", help="New recipe files [default: the previous "
                                                "phase's]."),
-    total_steps: Optional[int] = typer.Option(None, "--total-steps", help="New total step count [default: the "
+    total_steps: int | None = typer.Option(None, "--total-steps", help="New total step count [default: the "
                                               "previous phase's]."),
     format: Fmt = FormatOpt, debug: bool = DebugOpt, quiet: bool = QuietOpt,
 ):
@@ -574,7 +573,7 @@ def digests_diff(
 
 @app.command(rich_help_panel="Reference")
 def rules(
-    rule: Optional[str] = typer.Argument(None, autocompletion=_complete_rules,
+    rule: str | None = typer.Argument(None, autocompletion=_complete_rules,
                                          help="A rule id or name: print its full documentation."),
     format: Fmt = typer.Option(Fmt.text, "--format", "-f", help="Output format (text or json)."),
     quiet: bool = QuietOpt, debug: bool = DebugOpt,
@@ -666,7 +665,7 @@ def paths(format: Fmt = typer.Option(Fmt.text, "--format", "-f", help="Output fo
 
 
 @app.command(rich_help_panel="Reference")
-def demo(directory: Optional[str] = typer.Argument(None, help="Where to write the demo run "
+def demo(directory: str | None = typer.Argument(None, help="Where to write the demo run "
                                                    "[default: a new temporary directory]."),
          format: Fmt = FormatOpt, quiet: bool = QuietOpt, debug: bool = DebugOpt):
     """Write a small realistic run with injected faults and run the doctor on it (DIR must be new,

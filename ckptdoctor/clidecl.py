@@ -13,7 +13,6 @@ scripts pay it on every call (issue 20).
 from __future__ import annotations
 
 import functools
-import inspect
 import sys
 
 
@@ -119,6 +118,7 @@ def _with_real_defaults(fn):
     """What typer calls: `fn` under the signature typer expects (typer.Option/Argument defaults),
     with Ctrl-C handled as the fast path handles it.  `fn` itself, which the fast path calls, is
     unchanged; typing.get_type_hints follows __wrapped__ to fn's globals for the annotations."""
+    import inspect  # here, not at the top: 12 ms of start-up that only the typer path needs
     sig = inspect.signature(fn)
     params = [p.replace(default=p.default.real()) if isinstance(p.default, _Param) else p
               for p in sig.parameters.values()]

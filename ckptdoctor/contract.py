@@ -15,7 +15,7 @@ import json
 import os
 import subprocess
 import time
-from dataclasses import dataclass, field
+from .values import value, field
 
 import xxhash
 
@@ -34,7 +34,7 @@ class ContractError(ValueError):
     """The contract file is not one (one line, naming the file)."""
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Change:
     """One difference between the newest phase and what is on disk now."""
     kind: str        # "code" | "data" | "recipe" | "total_steps"
@@ -44,7 +44,7 @@ class Change:
     now: str | None
 
 
-@dataclass
+@value
 class Phase:
     index: int
     time: str
@@ -59,7 +59,7 @@ class Phase:
                 "data": self.data, "recipe": self.recipe, "total_steps": self.total_steps}
 
 
-@dataclass
+@value
 class Contract:
     path: str
     phases: list[Phase] = field(default_factory=list)

@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-SPEC_VERSION = 1
+SPEC_VERSION = 2  # 2: a parameter typed with an Enum names it ("enum"), so parsing needs no typing
 
 
 class Call:
@@ -78,7 +78,8 @@ def compile_spec(app) -> dict:
             return
         key = " ".join(path)
         if key in fns:
-            out[key] = {"function": fns[key].__name__, "params": [_param(p) for p in cmd.params]}
+            enums = _enum_params(fns[key])
+            out[key] = {"function": fns[key].__name__, "params": [_param(p, enums) for p in cmd.params]}
 
     walk(group, ())
     return {"version": SPEC_VERSION, "typer": _stat(typer.__file__), "commands": out}
@@ -87,7 +88,22 @@ def compile_spec(app) -> dict:
 _KINDS = {"StringParamType": "str", "IntParamType": "int", "FloatParamType": "float", "BoolParamType": "bool"}
 
 
-def _param(p) -> dict:
+def _enum_params(fn) -> dict[str, str]:
+    """{parameter: Enum class name in fn's module} for parameters typed with an Enum (or an optional
+    one): typer hands those functions the member, not the string."""
+    import enum
+    import typing
+    out = {}
+    for name, t in typing.get_type_hints(fn).items():
+        args = typing.get_args(t)
+        if args and type(None) in args:   # X | None
+            t = next(a for a in args if a is not type(None))
+        if isinstance(t, type) and issubclass(t, enum.Enum) and fn.__globals__.get(t.__name__) is t:
+            out[name] = t.__name__
+    return out
+
+
+def _param(p, enums: dict[str, str]) -> dict:
     t = p.type
     kind = "choice" if hasattr(t, "choices") else _KINDS.get(type(t).__name__, "other:" + type(t).__name__)
     is_option = hasattr(p, "is_flag")
@@ -96,6 +112,8 @@ def _param(p) -> dict:
          "default": _jsonable(p.default), "has_default": p.default is not None}
     if kind == "choice":
         d["choices"] = [str(getattr(c, "value", c)) for c in t.choices]
+    if p.name in enums:
+        d["enum"] = enums[p.name]
     if is_option:
         d.update(opts=list(p.opts), secondary=list(p.secondary_opts), flag=bool(p.is_flag),
                  count=bool(getattr(p, "count", False)), callback=p.callback is not None,
@@ -227,7 +245,7 @@ def _bind(params: list[dict], rest: list[str], fn) -> dict:
             raise _Refuse()
         else:
             out[p["name"]] = p["default"] if not p["flag"] else bool(p["default"])
-    return _convert(out, fn)
+    return _convert(out, params, fn)
 
 
 def _value(p: dict, v: str):
@@ -248,19 +266,15 @@ def _value(p: dict, v: str):
     raise _Refuse()
 
 
-def _convert(values: dict, fn) -> dict:
-    """What typer hands the function: Enum members for choices declared with an Enum type; lists
-    for repeatable options (None when not given and without a default)."""
-    import enum
-    import typing
-    hints = typing.get_type_hints(fn)
-    out = {}
-    for name, v in values.items():
-        t = hints.get(name)
-        args = typing.get_args(t)
-        if args and type(None) in args:   # Optional[X]
-            t = next(a for a in args if a is not type(None))
-        if isinstance(t, type) and issubclass(t, enum.Enum) and v is not None:
-            v = t(v)
-        out[name] = v
+def _convert(values: dict, params: list[dict], fn) -> dict:
+    """What typer hands the function: Enum members for parameters the spec says are Enum-typed;
+    lists for repeatable options (None when not given and without a default)."""
+    out = dict(values)
+    for p in params:
+        name = p.get("enum")
+        if name and out.get(p["name"]) is not None:
+            cls = fn.__globals__.get(name)
+            if cls is None:
+                raise _Refuse()  # the function's module changed under the spec: typer parses it
+            out[p["name"]] = cls(out[p["name"]])
     return out

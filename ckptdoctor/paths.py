@@ -8,7 +8,7 @@ package (man/, completions/, scripts/slurm/).
 from __future__ import annotations
 
 import sysconfig
-from dataclasses import dataclass
+from .values import value
 from pathlib import Path
 
 INSTALLED = {"man": "share/man/man1", "bash": "share/bash-completion/completions/ckptdoctor",
@@ -18,7 +18,7 @@ SOURCE = {"man": "man", "bash": "completions/ckptdoctor.bash", "zsh": "completio
           "fish": "completions/ckptdoctor.fish", "slurm": "scripts/slurm"}
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Place:
     what: str
     path: str

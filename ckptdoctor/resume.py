@@ -24,8 +24,10 @@ import os
 import random
 import socket
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from .values import value, field
+TYPE_CHECKING = False  # typing is imported by type checkers only: ~5 ms of start-up (issue 20)
+if TYPE_CHECKING:
+    from typing import Any
 
 import xxhash
 
@@ -56,7 +58,7 @@ class NotAProof(RuntimeError):
     """`check` ran in the process that saved: it would compare the state with itself."""
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Digest:
     kind: str                 # "tensor" | "dtensor" | "sharded" | "value"
     digest: str               # xxh3-128 hex
@@ -94,7 +96,7 @@ class Digest:
         return "bytes differ"
 
 
-@dataclass
+@value
 class DigestSet:
     rank: int
     world_size: int
@@ -308,7 +310,7 @@ def record(state: Any, ckpt_dir: str, rank: int | None = None, *, world_size: in
     return path
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class CheckResult:
     rank: int
     items: int

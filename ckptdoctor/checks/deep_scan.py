@@ -36,7 +36,7 @@ import sys
 import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from ..values import value, field
 
 from ..engine.finding import Hit
 from ..io.fs import NotRegularFile, TreeLimit, aligned_buffer, open_regular, walk_files
@@ -84,7 +84,7 @@ def _crc32_impl():
 CRC32 = _crc32_impl()
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Record:
     """A byte range of one file that holds one tensor (or one archive member)."""
     file: str
@@ -95,7 +95,7 @@ class Record:
     crc: int | None = None     # the CRC-32 the archive stored, or None: nothing to compare
 
 
-@dataclass
+@value
 class RecordScan:
     nan: int = 0
     inf: int = 0
@@ -104,7 +104,7 @@ class RecordScan:
     upto: int = 0               # ...at this byte
 
 
-@dataclass
+@value
 class DeepResult:
     nonfinite: list[dict] = field(default_factory=list)    # {file, tensor, dtype, nan, inf}
     zero_tails: list[dict] = field(default_factory=list)   # {file, tensor, start, end}

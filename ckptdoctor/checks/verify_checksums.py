@@ -6,7 +6,7 @@ work (files and 64 MiB ranges of large files) so N nodes can share a large check
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from ..values import value, field
 
 from ..engine.finding import Hit
 from ..engine.registry import check
@@ -15,7 +15,7 @@ from ..layouts.spec import match_any
 from ..layouts import manifest as mf
 
 
-@dataclass
+@value
 class ContentResult:
     sources: list[str] = field(default_factory=list)
     problems: list[tuple[str, str]] = field(default_factory=list)      # (source, message)

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from ..values import value, field
 
 from .. import contract as C
 from ..engine.runner import Engine
 
 
-@dataclass
+@value
 class ContractSubject:
     """What the 5xx contract rules judge: one run root's contract and the disk now."""
     path: str

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from ..values import value, field
 
 from .. import resume
 from ..engine.errors import InputError
@@ -12,7 +12,7 @@ from ..engine.runner import Engine
 RANK_FILE = re.compile(r"^rank_(\d{5,})\.json$")
 
 
-@dataclass
+@value
 class DigestsDiff:
     a: str
     b: str

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-from dataclasses import dataclass, field
+from ..values import value, field
 
 from ..engine.errors import UsageError
 from ..io.atomic import fsync_dir, rename_noreplace, replace_file, write_new
@@ -21,7 +21,7 @@ from ..layouts.model import RunView
 from ..publishing.dest import LocalDest
 
 
-@dataclass
+@value
 class FixPlan:
     to: str | None                      # the complete checkpoint the framework will resume from after
     tracker: dict | None = None         # {"file", "old", "new", "backup"}

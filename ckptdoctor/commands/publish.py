@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Callable
+from ..values import value
+TYPE_CHECKING = False  # typing is imported by type checkers only: ~5 ms of start-up (issue 20)
+if TYPE_CHECKING:
+    from typing import Callable
 
 from ..engine.errors import InputError, UsageError
 from ..engine.runner import Engine
@@ -58,7 +60,7 @@ def run(src: str, dest_root: str, engine: Engine, *, name: str | None = None, fo
     return res
 
 
-@dataclass
+@value
 class PartJob:
     """What a part publish needs besides its files: the stage (local directory or object prefix),
     the structural verify of the assembled tree, and the after-commit step (tracker, retention)."""

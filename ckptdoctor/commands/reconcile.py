@@ -5,7 +5,7 @@ import datetime as _dt
 import json
 import os
 import re
-from dataclasses import dataclass
+from ..values import value
 from functools import cached_property
 
 import yaml
@@ -21,7 +21,7 @@ from ..runstate.positions import Positions, RepairPlan, plan_repair
 from ..runstate.schema import RunState
 
 
-@dataclass
+@value
 class ReconcileView:
     rs: RunState
     st: Storage            # the step directory, or the directory of the run-state file

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from dataclasses import dataclass, field
+from ..values import value, field
 from pathlib import Path
 
 from .errors import UsageError
@@ -54,7 +54,7 @@ def load_yaml(path: Path):
         return parse_yaml(fh.read())
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Rule:
     id: str
     name: str

@@ -21,7 +21,7 @@ import logging
 import os
 import pickle
 import threading
-from dataclasses import dataclass, field
+from ..values import value, field
 
 from torch.distributed.checkpoint import FileSystemWriter
 
@@ -34,7 +34,7 @@ from ..publishing.copier import ChunkDigests
 log = logging.getLogger("ckptdoctor.integrations.dcp")
 
 
-@dataclass
+@value
 class RankDigests:
     """One rank's files as written: name -> (size, digests); `broken` names files whose stream
     was not written strictly sequentially (their digests are not trusted)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from ..values import value
 
 import xxhash
 
@@ -26,7 +26,7 @@ CHUNK_BYTES = 64 << 20  # manifest unit: files larger than this get one digest p
 _local = threading.local()
 
 
-@dataclass(frozen=True, order=True)
+@value(frozen=True, order=True)
 class Unit:
     """One piece of hashing work: `length` bytes of `rel` from `start` (chunk index `index`)."""
     rel: str

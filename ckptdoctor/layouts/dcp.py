@@ -8,7 +8,7 @@ import gc
 import operator
 import pickle
 import re
-from dataclasses import dataclass, field
+from ..values import value, field
 
 from ..io.unpickle import (BSM, CSM, SI, TSM, MetadataIndex, Record, RefusedGlobal, TensorProperties,
                            load_dcp_file, loads_dcp)
@@ -21,7 +21,7 @@ class MetadataError(ValueError):
     """`.metadata` is not a DCP metadata pickle (truncated, corrupt, wrong shape)."""
 
 
-@dataclass(slots=True)
+@value(slots=True)
 class TensorInfo:
     fqn: str
     size: tuple[int, ...]
@@ -29,7 +29,7 @@ class TensorInfo:
     chunks: list[tuple[tuple[int, ...], tuple[int, ...]]]
 
 
-@dataclass(slots=True)
+@value(slots=True)
 class StorageEntry:
     fqn: str
     offset: tuple[int, ...] | None
@@ -39,7 +39,7 @@ class StorageEntry:
     transforms: tuple[str, ...] = ()  # storage extensions applied to the bytes (e.g. "stream.zstd/1")
 
 
-@dataclass
+@value
 class DcpMetadata:
     tensors: dict[str, TensorInfo] = field(default_factory=dict)
     byte_keys: set[str] = field(default_factory=set)

@@ -13,7 +13,7 @@ import struct
 import uuid
 import zipfile
 from array import array
-from dataclasses import dataclass, field
+from ..values import value, field
 
 M = "torch.distributed.checkpoint.metadata"
 
@@ -88,7 +88,7 @@ class _P:
         return self.b.getvalue() + pickle.STOP
 
 
-@dataclass
+@value
 class Item:
     """One storage record: a tensor chunk (float32 values) or a bytes item."""
     fqn: str
@@ -156,7 +156,7 @@ def object_archive(obj_pickle_body: bytes) -> bytes:
     return torch_save_bytes("archive", obj_pickle_body, {})
 
 
-@dataclass
+@value
 class Checkpoint:
     items: list[Item] = field(default_factory=list)
 

@@ -5,14 +5,14 @@ agree on the family, the step directories and (through `RunView.resume_target`) 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ..values import value
 
 from ..io.fs import Storage
 from . import spec
 from .model import CheckpointView, RunView
 
 
-@dataclass
+@value
 class Located:
     run: RunView | None = None
     checkpoint: CheckpointView | None = None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from ..values import value
 
 NAME = "ckptdoctor.manifest.json"
 SCHEMA = "ckptdoctor.manifest/v1"
@@ -28,7 +28,7 @@ class ManifestError(ValueError):
     pass
 
 
-@dataclass
+@value
 class Expected:
     size: int | None
     digests: list[str]  # one per chunk (or one for the whole file)

@@ -6,7 +6,7 @@ must start with a local-file-header and end with an end-of-central-directory rec
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from ..values import value
 
 LOCAL_HEADER = b"PK\x03\x04"
 EOCD = b"PK\x05\x06"
@@ -115,7 +115,7 @@ class ZipDirError(ValueError):
     """The archive's directory cannot be read (one line, names what is wrong)."""
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Member:
     """One stored record of a zip archive: where its bytes are (absolute offsets in the buffer
     given to `members`), how they are stored, and the CRC-32 the writer recorded."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass, field
+from ..values import value, field
 
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own MAX_HEADER_SIZE
 BITS = {"BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8,
@@ -21,7 +21,7 @@ class HeaderError(ValueError):
     """What the safetensors loader would reject, in one line."""
 
 
-@dataclass
+@value
 class Header:
     size: int                                        # header length N
     tensors: dict[str, tuple[str, tuple[int, ...], int, int]] = field(default_factory=dict)

@@ -3,7 +3,7 @@ rendered the way each framework writes them.  The spec comes from the family des
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from ..values import value
 
 from ..io.fs import Entry
 from .spec import Layout, TrackerSpec
@@ -11,14 +11,14 @@ from .spec import Layout, TrackerSpec
 MAX_TRACKER_BYTES = 64 << 10
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class TrackerValue:
     raw: str
     target: str | None  # checkpoint directory name the framework will load
     problem: str | None = None
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class TrackerState:
     """A run root's tracker as found: its spec (None: the family has none), the directory entry
     (None: absent) and the parsed value (None: absent, or not a regular file)."""

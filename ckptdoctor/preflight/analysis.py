@@ -6,9 +6,11 @@ report shows (per-node table, newest step every rank can reach).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from ..values import value, field
 from functools import cached_property
-from typing import Any
+TYPE_CHECKING = False  # typing is imported by type checkers only: ~5 ms of start-up (issue 20)
+if TYPE_CHECKING:
+    from typing import Any
 
 from ..layouts import dcp as dcp_reader
 from . import readsets
@@ -16,7 +18,7 @@ from ..layouts.spec import Layout
 from .model import Allocation, Ckpt, NodeView
 
 
-@dataclass
+@value
 class Gap:
     node: str
     checkpoint: str
@@ -28,7 +30,7 @@ class Gap:
     why: str = "missing"      # missing | unreadable (exists, but this user cannot read it)
 
 
-@dataclass
+@value
 class CkptVerdict:
     name: str
     step: int | None
@@ -48,7 +50,7 @@ class CkptVerdict:
         return not (self.missing or self.short or self.global_missing or self.grid_problem)
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Expectation:
     """What the job as a whole will resume from (`--expect-step N`, or `--expect-tracker FILE`, a
     copy of the tracker on durable storage), for a node to compare its own resume target with."""
@@ -56,7 +58,7 @@ class Expectation:
     source: str
 
 
-@dataclass
+@value
 class Preflight:
     alloc: Allocation
     views: dict[str, NodeView]     # node -> view (the same object for every node when shared)

@@ -16,14 +16,14 @@ import os
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
+from ..values import value
 
 from ..engine.errors import UsageError
 
 UNITS = {"": 1 << 20, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}  # Slurm: bare = MiB
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class Model:
     copy_factor: float = 1.0
     pinned: bool = True
@@ -32,7 +32,7 @@ class Model:
         return int(load * self.copy_factor) + (pinned if self.pinned else 0)
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class NodeMemory:
     bytes: int
     source: str

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, field
+from ..values import value, field
 
 from ..engine.errors import InputError, TransientError, UsageError
 from ..io.fs import Storage, TreeLimit, open_location, walk_files
@@ -23,7 +23,7 @@ from ..layouts.spec import Layout
 MAX_WORLD = 10_000_000
 
 
-@dataclass
+@value
 class Allocation:
     nodes: list[str]
     ranks_per_node: list[int]
@@ -59,7 +59,7 @@ class Allocation:
         return cls(nodes, per_node, rank_node, source)
 
 
-@dataclass
+@value
 class Ckpt:
     """One checkpoint as one node sees it."""
     name: str
@@ -68,7 +68,7 @@ class Ckpt:
     layout: Layout | None = None
 
 
-@dataclass
+@value
 class NodeView:
     node: str
     location: str

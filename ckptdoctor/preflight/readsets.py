@@ -19,14 +19,14 @@ facts say which model was used, and a rank map (`--rank-map`) places ranks on no
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from ..values import value, field
 
 from ..layouts.dcp import DcpMetadata
 
 SHARD_RANK = re.compile(r"^__(\d+)_\d+\.distcp$")
 
 
-@dataclass
+@value
 class ReadSets:
     """rank -> files it reads; file -> bytes it must hold (max offset+length of its records)."""
     every_rank: set[str] = field(default_factory=set)

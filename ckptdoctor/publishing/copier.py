@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from ..values import value
 
 import xxhash
 
@@ -23,7 +23,7 @@ class SourceChanged(OSError):
     pass
 
 
-@dataclass
+@value
 class Copied:
     rel: str
     size: int

@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from ..values import value, field
 
 from .. import __version__
 from ..engine.errors import CkptDoctorError, InputError, TransientError, UsageError
@@ -33,7 +33,7 @@ class PublishRefused(CkptDoctorError):
     exit_code = 1
 
 
-@dataclass(kw_only=True)
+@value(kw_only=True)
 class AfterCommitResult:
     """What the after-commit step (tracker, retention) and leftover cleaning record; shared by a
     single-node publish and a part publish."""
@@ -45,10 +45,10 @@ class AfterCommitResult:
 
     def to_json(self) -> dict:
         d = dict(self.__dict__)  # the subclass's own fields first, as the report has always shown them
-        return {k: d[k] for k in sorted(d, key=lambda k: k in AfterCommitResult.__dataclass_fields__)}
+        return {k: d[k] for k in sorted(d, key=lambda k: k in AfterCommitResult.__value_fields__)}
 
 
-@dataclass
+@value
 class PublishResult(AfterCommitResult):
     source: str
     dest: str

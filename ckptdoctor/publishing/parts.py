@@ -29,7 +29,7 @@ import secrets
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field
+from ..values import value, field
 
 from ..engine.errors import CkptDoctorError, InputError, TransientError, UsageError
 from ..io import hashing
@@ -57,7 +57,7 @@ class PartTimeout(TransientError):
     """The other parts did not arrive within --timeout; nothing committed (exit 75: re-run)."""
 
 
-@dataclass(frozen=True)
+@value(frozen=True)
 class PartSpec:
     index: int
     count: int
@@ -80,7 +80,7 @@ class PartSpec:
         return cls(k, n, publish_id)
 
 
-@dataclass
+@value
 class FileRecord:
     size: int
     digests: list[str]
@@ -95,7 +95,7 @@ class FileRecord:
         return cls(int(d["size"]), [str(x) for x in d["digests"]], int(d.get("mtime_ns", 0)), bool(d.get("wrote")))
 
 
-@dataclass
+@value
 class PartRecord:
     part: int
     parts: int
@@ -125,7 +125,7 @@ class PartRecord:
             raise PartRefused(f"{where}: not a readable part record ({exc}); nothing committed") from None
 
 
-@dataclass
+@value
 class PartResult(AfterCommitResult):
     """What one part did (the `published` fact of `publish --part`)."""
     part: int

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass, field
+from ..values import value, field
 
 from ..io.atomic import fsync_dir
 from ..layouts.spec import Layout
 from . import faults, naming
 
 
-@dataclass
+@value
 class Pruned:
     removed: list[str] = field(default_factory=list)
     kept: dict[str, str] = field(default_factory=dict)  # name -> why

@@ -7,13 +7,13 @@ Unknown stays None; rules decide what an unknown means.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from ..values import value, field
 
 from .schema import RunState
 from .simulate import Restored, SimInput, SimResult, restored_with_ids, simulate
 
 
-@dataclass
+@value
 class Positions:
     rs: RunState
     n: int | None
@@ -60,7 +60,7 @@ class Positions:
         return simulate(inp) if inp else None
 
 
-@dataclass
+@value
 class RepairPlan:
     new_cursor: int | None
     reason: str

@@ -12,17 +12,17 @@ The answer to "is this resume safe" is: no lost prompts, no prompt trained twice
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from ..values import value, field
 
 
-@dataclass
+@value
 class Restored:
     target: int
     prompt: int | str
     ready: bool = True
 
 
-@dataclass
+@value
 class SimInput:
     n: int                  # prompts per step (one dataloader batch)
     lookahead: int          # gate window L
@@ -36,7 +36,7 @@ class SimInput:
     diverted: int = 0       # d0
 
 
-@dataclass
+@value
 class StepRow:
     step: int
     batch: int
@@ -49,7 +49,7 @@ class StepRow:
         return self.__dict__.copy()
 
 
-@dataclass
+@value
 class SimResult:
     rows: list[StepRow]
     lost_prompts: list
