@@ -396,6 +396,20 @@ if mode == "truncate":  # the shard shrinks to 128 KiB under a worker's mapping,
         if len(chunk) == ds.WINDOW and os.path.getsize(sys.argv[3]) > 1 << 17:
             os.truncate(sys.argv[3], 1 << 17)
     ds._window = window_then_cut
+if mode == "slow":  # each window of a worker takes a while; the worker says who it is
+    window = ds._window
+    def slow_window(np, chunk, *a):
+        with open(sys.argv[3], "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+        import time
+        time.sleep(0.5)
+        window(np, chunk, *a)
+    ds._window = slow_window
+    try:
+        api.verify(path, deep=True)
+    except KeyboardInterrupt:
+        print(json.dumps({"interrupted": True}))
+        raise SystemExit(130)
 rep = api.verify(path, deep=True)
 print(json.dumps({"seen": seen, "findings": [[f.rule, f.path, f.message] for f in rep.findings]}))
 """
@@ -433,3 +447,36 @@ def test_a_shard_truncated_under_a_worker_is_reported_not_a_crash(tmp_path):
     rules = [r for r, _p, _m in got["findings"]]
     assert rules == ["CKD901"], got["findings"]          # ...and this process read the rest and said so
     assert "ended at byte" in got["findings"][0][2] and shard.name in got["findings"][0][2]
+
+
+@pytest.mark.parametrize("to", ["group", "parent"])
+def test_ctrl_c_during_the_workers_stops_them_all(tmp_path, to):
+    """SIGINT while forked workers scan, as a terminal sends it (the whole process group) or to the
+    command alone (kill -INT): it ends at once with its interrupt path, and no worker is left."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    import torch.distributed.checkpoint as dcp
+    from helpers import terminal_sigint
+    ck = tmp_path / "step"
+    g = torch.Generator().manual_seed(4)
+    dcp.save({f"w{i}": torch.randn(256, 1024, generator=g) for i in range(8)}, checkpoint_id=str(ck), no_dist=True)
+    marks = tmp_path / "workers"
+    p = subprocess.Popen([sys.executable, "-c", _WORKERS, str(ck), "slow", str(marks)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=terminal_sigint)
+    deadline = time.monotonic() + 60
+    while not (marks.exists() and len(set(marks.read_text().split())) >= 2) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    pids = {int(x) for x in marks.read_text().split()}
+    assert len(pids) >= 2 and p.pid not in pids  # two forked workers are scanning
+    before = len(marks.read_text().split())
+    if to == "group":
+        os.killpg(p.pid, signal.SIGINT)
+    else:
+        os.kill(p.pid, signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and json.loads(out) == {"interrupted": True}, err
+    assert not [pid for pid in pids if os.path.exists(f"/proc/{pid}")]  # all gone, none a zombie
+    # ...and stopped, not waited for: a window takes 0.5 s and each worker had dozens left
+    assert len(marks.read_text().split()) - before <= 6
