@@ -46,8 +46,9 @@ from ..layouts import safetensors as stf
 WINDOW = 1 << 20   # bytes per read per thread (a multiple of every element width); measured on 2 GiB
                    # page-cached: 1 MiB 16.5 GB/s (DCP), 256 KiB 12.0, 4 MiB 15.8, 16 MiB 6.5
 PAGE = 4096
-# Large scans run in forked worker processes that read the page cache through mmap, no copy: 1 GiB
-# DCP page-cached, 2 cores, 9.2-10.3 GB/s against 5.8-7.3 for pread threads (cat: 8.0-9.5).  Not
+# Large scans run in forked worker processes that read the page cache through mmap, no copy: the scan
+# loop alone over 1 GiB of DCP page-cached, 2 cores, 9.2-10.3 GB/s against 5.8-7.3 for pread threads
+# (cat: 8.0-9.5).  Not
 # mmap in this process: a file truncated under a mapping kills the process touching it with SIGBUS;
 # a worker that dies so only loses its unreported records, which this process then reads with pread
 # (short reads, reported).  Below FORK_MIN forking costs more than it saves.
@@ -111,7 +112,7 @@ class DeepResult:
     bad_crc: list[dict] = field(default_factory=list)      # {file, record, expected, actual}
     unreadable: list[dict] = field(default_factory=list)   # {file, why}: archive directory damaged
     skipped: list[str] = field(default_factory=list)       # files not scanned (reported as CKD901)
-    changed: list[dict] = field(default_factory=list)      # {file, record, end}: shorter than when listed
+    changed: list[dict] = field(default_factory=list)      # {file, record, start, end, size}: file shrank
     rescanned: int = 0                                      # records a dead worker left, read here instead
     worker_signals: list[int] = field(default_factory=list)  # signals that ended scan workers
     units: int = 0                                          # files scanned by this process (--slice)
@@ -135,7 +136,7 @@ def scan(ck, eng) -> DeepResult | None:
     if files and not ck.storage.local:
         why = "reads local files only"
     elif files:
-        import importlib.util  # not imported here: the workers import it after they fork (see _may_fork)
+        import importlib.util  # numpy itself is imported by _run, without its thread pool (see _numpy)
         if importlib.util.find_spec("numpy") is None:
             why = "needs numpy (pip install 'ckptdoctor[deep]')"
     if why:  # fail closed: what was asked for and not scanned is not "fine"
