@@ -104,6 +104,10 @@ MUTANTS = [
     # ---- publish: order, protection, source checks ---------------------------------------------------
     M("publish-source-manifest", "ckptdoctor/publishing/flow.py", "            _check_source_manifest(src_man, copied)",
       "            pass", ("tests/test_bite.py",), "a source that no longer matches its own manifest is published"),
+    M("locate-torn-snapshot", "ckptdoctor/layouts/locate.py",
+      "        if target is None or target in dirs:\n", "        if True:\n",
+      ("tests/test_publish.py::test_verify_during_a_commit_sees_one_moment",),
+      "verify running while a publisher commits calls the new tracker dangling (a false alarm)"),
     M("tracker-backwards", "ckptdoctor/publishing/dest.py",
       "    if old_step is not None and old_step > (layout.steps.step(name) or 0) and old_target in entries:",
       "    if False:", ("tests/test_publish.py",), "publishing an older step moves the tracker backwards"),

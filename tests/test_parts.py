@@ -195,12 +195,16 @@ def test_sigkill_at_random_moments_never_commits_half(tmp_path):
         time.sleep(rnd.uniform(0.05, 1.2))
         p.send_signal(signal.SIGKILL)
         p.communicate()
-        assert tracker_of(dest) in ("50", "100"), seed
+        # part 0 may commit at any moment now: read in the order opposite to the commit's (the
+        # tracker, then the directory it would name), so what is seen is one moment
+        tracker = tracker_of(dest)
+        assert tracker in ("50", "100"), seed
         if (dest / NAME).exists():
             assert_committed(dest, full)
         else:
-            assert tracker_of(dest) == "50", seed
-            assert verify_json(dest)[0] == 0, seed
+            assert tracker == "50", seed
+            rc, rep = verify_json(dest)  # which may itself overlap the commit
+            assert rc == 0, (seed, rep["findings"])
     rc, out, err = finish(start_part(parts[1], dest, 1, 2, "job9"))
     assert rc == 0, (seed, err)
     assert finish(first)[0] == 0

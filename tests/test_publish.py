@@ -127,6 +127,33 @@ def test_tracker_never_moves_backwards(real, tmp_path):
     assert rc == 0 and tracker_of(dest) == "200" and "never moves backwards" in out
 
 
+def test_verify_during_a_commit_sees_one_moment(tmp_path, monkeypatch):
+    """A commit (checkpoint renamed in, then the tracker written) landing between verify's listing of
+    the run root and its tracker read: verify must judge one moment, not report the new tracker as
+    dangling (a false CKD113 seen in CI while a node committed).  The commit is a real publish run
+    exactly in that window; a tracker naming what truly is not there still fires."""
+    from ckptdoctor.io import fs
+    dest = tmp_path / "dest"
+    assert pub(megatron_iter(tmp_path / "src" / "iter_0000050", 50), dest)[0] == 0
+    newer = megatron_iter(tmp_path / "src" / "iter_0000100", 100)
+    listdir, calls = fs.LocalStorage.listdir, []
+
+    def commit_after_listing(self, rel=""):
+        out = listdir(self, rel)
+        if rel == "" and self.abspath("") == str(dest) and not calls:
+            calls.append(rel)
+            assert pub(newer, dest)[0] == 0  # rename iter_0000100 in, then the tracker says 100
+        return out
+    monkeypatch.setattr(fs.LocalStorage, "listdir", commit_after_listing)
+    rep = api.verify(str(dest))
+    assert calls and tracker_of(dest) == "100"
+    assert [f.rule for f in rep.findings if f.severity == "error"] == [], rep.findings
+    assert rep.facts["resume_from"] == "iter_0000100"
+    assert [c["name"] for c in rep.facts["checkpoints"]] == ["iter_0000050", "iter_0000100"]
+    shutil.rmtree(dest / "iter_0000100")  # now the tracker really dangles
+    assert_fires(api.verify(str(dest)), "CKD113")
+
+
 def test_retention_keeps_tracker_target_multiples_and_in_flight(tmp_path):
     src_root, dest = tmp_path / "src", tmp_path / "dest"
     for s in range(100, 900, 100):

@@ -66,8 +66,33 @@ def locate(st: Storage, layout_name: str | None = None) -> Located:
     return Located(checkpoint=CheckpointView(st, "", own))
 
 
+# How many times a run root is listed again when its tracker names a directory the listing lacks.
+SNAPSHOT_TRIES = 3
+
+
 def _run(st: Storage, layout: spec.Layout, entries, dirs) -> RunView:
-    run = RunView(st, layout, entries)
+    """The run root as one moment saw it.  Publishers (ours, Megatron's, DeepSpeed's) rename the
+    checkpoint in first and write the tracker after, so a commit landing between our listing and our
+    tracker read shows a tracker naming a directory the listing lacks: a false CKD113 seen in CI
+    while a node committed.  The tracker is read here, before any checkpoint is scanned, and when
+    its target is missing the root is listed again: a target renamed in before the tracker named it
+    is in that second listing (readdir returns what existed when it began), so what still lacks it
+    is a tracker that really dangles."""
+    for _ in range(SNAPSHOT_TRIES):
+        run = RunView(st, layout, entries)
+        target = run.tracker.target
+        if target is None or target in dirs:
+            break
+        try:
+            again = {e.name: e for e in st.listdir("")}
+        except OSError:
+            break
+        if again.keys() == entries.keys():
+            break
+        entries = again
+        dirs = {n for n, e in entries.items() if e.is_dir}
+    else:
+        run = RunView(st, layout, entries)
     for name in sorted(dirs):
         step = run.step_of(name)
         if step is not None:
