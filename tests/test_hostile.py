@@ -461,9 +461,30 @@ def _dict(*items: bytes) -> bytes:
 MD = "torch.distributed.checkpoint.metadata"
 
 
+def test_dcp_dtype_that_is_no_dtype_is_refused_not_a_crash():
+    """TensorProperties' state is read inline for its dtype: an unhashable object there (a list) is
+    a MetadataError naming the tensor, never a crashed check."""
+    ints = lambda *v: pickle.MARK + b"".join(pickle.BININT1 + bytes([x]) for x in v) + pickle.TUPLE
+    chunk = _obj(f"{MD}.ChunkStorageMetadata", _dict(_u("offsets"), ints(0), _u("sizes"), ints(4)))
+    for dtype, ok in ((pickle.GLOBAL + b"torch\nfloat32\n", True), (pickle.EMPTY_LIST + pickle.BININT1 + b"\x01"
+                                                                     + pickle.APPEND, False)):
+        props = _obj(f"{MD}.TensorProperties", pickle.MARK + dtype + pickle.TUPLE)
+        tsm = _obj(f"{MD}.TensorStorageMetadata", _dict(_u("size"), ints(4), _u("chunks"),
+                                                        pickle.EMPTY_LIST + chunk + pickle.APPEND,
+                                                        _u("properties"), props))
+        data = pickle.PROTO + b"\x02" + _obj(f"{MD}.Metadata", _dict(
+            _u("state_dict_metadata"), _dict(_u("w"), tsm), _u("storage_data"), _dict())) + pickle.STOP
+        if ok:
+            assert dcp.parse(data).tensors["w"].dtype == "float32"
+        else:
+            with pytest.raises(dcp.MetadataError, match="w: dtype is list"):
+                dcp.parse(data)
+
+
 def test_dcp_records_built_twice_or_from_an_iterable_are_refused():
-    """The DCP stand-ins keep the state BUILD hands them (io.unpickle.Record): a record BUILT a
-    second time, or REDUCEd on an iterable instead, is malformed, never read by its first state."""
+    """The DCP stand-ins take their fields from the state BUILD hands them (io.unpickle.Record): a
+    record BUILT a second time, or REDUCEd on an iterable instead, is malformed, never read by
+    either state."""
     empty_md = _dict(_u("state_dict_metadata"), _dict(), _u("storage_data"), _dict())
     ok = pickle.PROTO + b"\x02" + _obj(f"{MD}.Metadata", empty_md) + pickle.STOP
     assert dcp.parse(ok).tensors == {}
@@ -474,8 +495,8 @@ def test_dcp_records_built_twice_or_from_an_iterable_are_refused():
     tsm = _obj(f"{MD}.TensorStorageMetadata", _dict(size, _u("chunks"), pickle.EMPTY_LIST), _dict())
     per_tensor = pickle.PROTO + b"\x02" + _obj(f"{MD}.Metadata", _dict(
         _u("state_dict_metadata"), _dict(_u("w"), tsm), _u("storage_data"), _dict())) + pickle.STOP
-    with pytest.raises(dcp.MetadataError, match="'w'"):
-        dcp.parse(per_tensor)
+    with pytest.raises(dcp.MetadataError, match="w size is not a tuple"):
+        dcp.parse(per_tensor)   # the second, empty state is what is read, never the first
     reduced = pickle.PROTO + b"\x02" + pickle.GLOBAL + f"{MD}\nMetadata\n".encode() + pickle.MARK + \
         pickle.MARK + empty_md + pickle.TUPLE + pickle.TUPLE + pickle.REDUCE + pickle.STOP
     with pytest.raises(dcp.MetadataError):

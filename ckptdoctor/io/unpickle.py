@@ -61,47 +61,41 @@ class DType(str):
     """torch dtypes pickle as GLOBAL torch.<name>: keep just the name."""
 
 
-class Record(list):
-    """Stand-in for the DCP dataclasses a `.metadata` holds per tensor and per storage record.
+class Record:
+    """Stand-in for the DCP dataclasses a `.metadata` holds per tensor and per storage record: one
+    slot per field the reader uses, filled by BUILD from the pickle's state dict, which is then
+    emptied.  torch's pickle memoizes every state dict, so the unpickler's memo keeps each one alive
+    until the load returns, whatever became of it: emptied, a dict is its 64-byte shell instead of
+    ~228 bytes of table (the bare load of 200k records of a file torch wrote: 575 -> 449 MiB peak,
+    against `list` stand-ins that held the dicts).
 
-    BUILD hands the pickle's state dict to `list.append` (C, no Python call), so that dict is the
-    record.  A Bag copies it into a second dict per object while the unpickler's memo keeps the
-    first alive until the load returns: at 200k records of a pickle torch wrote, 631 -> 572 MiB
-    peak and 2.36 -> 1.70 s for the load alone.  Identity hash and equality: MetadataIndex is a
-    dict key, keys of a pickled dict were unique when saved, and a list's own hash is refused.
-    """
+    A field the state lacks is None and a record never built has no attributes: the reader turns
+    both into MetadataError.  A record BUILT twice keeps only its second state, where torch merges
+    the two: either the second holds every field read, and both see the same values, or a field is
+    None and the file is refused; never a value torch would not see.  Identity hash and equality:
+    MetadataIndex is a dict key, and keys of a pickled dict were unique."""
     __slots__ = ()
     _cls = "?"
-    __setstate__ = list.append
-    __hash__ = object.__hash__
-    __eq__ = object.__eq__
-    __ne__ = object.__ne__
+    _fields: tuple[str, ...] = ()
 
     def __init__(self, *args, **kwargs):
         """Only REDUCE calls the class (NEWOBJ, how protocol >= 2 pickles a dataclass, does not;
-        protocol 0/1 would go through copyreg, which is refused): list's own __init__ would
-        iterate an argument into what looks like a BUILD state."""
+        protocol 0/1 would go through copyreg, which is refused)."""
         raise pickle.UnpicklingError(f"{self._cls} is called with arguments, not how torch pickles it")
 
-    def state(self) -> dict | None:
-        """The one dict BUILD gave; None for anything else (no BUILD, two, a non-dict, or, called
-        as `Record.state(x)`, an x that is no Record)."""
-        if isinstance(self, Record) and len(self) == 1 and type(self[0]) is dict:
-            return self[0]
-        return None
-
     def __repr__(self):
-        st = self.state()
-        return f"<{self._cls} {sorted(st) if st is not None else '?'}>"
+        return f"<{self._cls} {[f for f in self._fields if hasattr(self, f)]}>"
 
 
-def _record(name: str) -> type:
-    return type(name.rsplit(".", 1)[-1], (Record,), {"__slots__": (), "_cls": f"{DCP}.{name}"})
-
-
-class MetadataIndex(Record):
-    __slots__ = ()
-    _cls = "torch.distributed.checkpoint.metadata.MetadataIndex"
+def _record(name: str, fields: tuple[str, ...]) -> type:
+    """A Record class whose BUILD is one generated function: a slot store per field, then the
+    state dict emptied (a dict shared with another object would be a pickle torch never writes)."""
+    ns: dict = {"__slots__": fields, "_cls": f"{DCP}.{name}", "_fields": fields}
+    body = "".join(f"\n        self.{f} = g({f!r})" for f in fields)
+    exec(f"def __setstate__(self, st):\n    if type(st) is dict:\n        g = st.get{body}"
+         f"\n        st.clear()\n    else:\n        raise _Err(self._cls + ' state is ' + type(st).__name__"
+         f" + ', not a dict')", {"_Err": pickle.UnpicklingError}, ns)
+    return type(name.rsplit(".", 1)[-1], (Record,), ns)
 
 
 class TensorProperties(list):
@@ -136,7 +130,6 @@ DTYPES = {
 }
 
 DCP_ALLOW: dict[tuple[str, str], Any] = {
-    (f"{DCP}.metadata", "MetadataIndex"): MetadataIndex,
     (f"{DCP}.metadata", "TensorProperties"): TensorProperties,
     (f"{DCP}.metadata", "_MEM_FORMAT_ENCODING"): int,  # REDUCE enum(0): C-level, once per tensor
     ("torch", "Size"): tuple,  # REDUCE Size((3, 4)) -> (3, 4), in C
@@ -150,10 +143,14 @@ DCP_ALLOW: dict[tuple[str, str], Any] = {
     ("builtins", "set"): set,
     ("builtins", "frozenset"): frozenset,
 }
-TSM, BSM, CSM = (_record(f"metadata.{n}") for n in ("TensorStorageMetadata", "BytesStorageMetadata",
-                                                    "ChunkStorageMetadata"))
-SI = _record("filesystem._StorageInfo")
-for _c in (_record("metadata.Metadata"), TSM, BSM, CSM):
+TSM = _record("metadata.TensorStorageMetadata", ("properties", "size", "chunks"))
+BSM = _record("metadata.BytesStorageMetadata", ())
+CSM = _record("metadata.ChunkStorageMetadata", ("offsets", "sizes"))
+MetadataIndex = _record("metadata.MetadataIndex", ("fqn", "offset", "index"))
+SI = _record("filesystem._StorageInfo", ("relative_path", "offset", "length", "transform_descriptors"))
+METADATA = _record("metadata.Metadata", ("state_dict_metadata", "planner_data", "storage_data", "storage_meta",
+                                        "version"))
+for _c in (METADATA, TSM, BSM, CSM, MetadataIndex):
     DCP_ALLOW[(f"{DCP}.metadata", _c.__name__)] = _c
 DCP_ALLOW[(f"{DCP}.filesystem", "_StorageInfo")] = SI
 DCP_ALLOW[(f"{DCP}.metadata", "StorageMeta")] = bag_class(f"{DCP}.metadata.StorageMeta")

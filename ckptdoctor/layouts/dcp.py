@@ -10,7 +10,7 @@ import pickle
 import re
 from ..values import value, field
 
-from ..io.unpickle import (BSM, CSM, SI, TSM, MetadataIndex, Record, RefusedGlobal, TensorProperties,
+from ..io.unpickle import (BSM, CSM, METADATA, SI, TSM, DType, MetadataIndex, RefusedGlobal, TensorProperties,
                            load_dcp_file, loads_dcp)
 
 SHARD_RE = re.compile(r"^__(?P<rank>\d+)_(?P<n>\d+)\.distcp$")
@@ -92,34 +92,40 @@ def _parse(load, into: DcpMetadata | None) -> DcpMetadata:
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError,
             KeyError, OverflowError, MemoryError, RecursionError, UnicodeDecodeError) as exc:
         raise MetadataError(f"not a readable pickle ({type(exc).__name__}: {str(exc)[:80]})") from None
-    if not isinstance(obj, Record) or not obj._cls.endswith(".Metadata") or obj.state() is None:
-        raise MetadataError(f"pickle holds {type(obj).__name__}, not DCP Metadata")
+    try:
+        if type(obj) is not METADATA:
+            raise AttributeError
+        sdm, sd, version = obj.state_dict_metadata, obj.storage_data, obj.version
+    except AttributeError:
+        raise MetadataError(f"pickle holds {type(obj).__name__}, not DCP Metadata") from None
     md = into or DcpMetadata()
-    od = obj.state()
-    md.version = od.get("version") or md.version
-    sdm = od.get("state_dict_metadata")
-    sd = od.get("storage_data")
+    md.version = version or md.version
     if not isinstance(sdm, dict) or not isinstance(sd, dict):
         raise MetadataError("Metadata lacks state_dict_metadata or storage_data")
     tensors, byte_keys = md.tensors, md.byte_keys
-    del obj, od   # from here each record's stand-ins are freed as it is converted (popitem): the
+    del obj   # from here each record's stand-ins are freed as it is converted (popitem): the
     # peak is the unpickled graph, not the graph plus the compact records built from it
     # The two loops below run once per tensor and once per storage record (millions in a large
     # `.metadata`), so the checks are inlined type tests; a record that fails one goes to a slow
     # path that only says what is wrong (200k records of a pickle torch wrote: 3.1 -> ~2.0 s).
+    # A record BUILD never filled has no attributes: AttributeError, the same MetadataError.
     conv, names = [], {}
     pop = sdm.popitem
     for _ in range(len(sdm)):
         fqn, meta = pop()   # back to front, each record freed once converted
-        if type(meta) is not TSM or len(meta) != 1 or type(st := meta[0]) is not dict or type(fqn) is not str:
+        if type(meta) is not TSM or type(fqn) is not str:
             if type(meta) is BSM and type(fqn) is str:
                 byte_keys.add(fqn)
                 continue
             raise MetadataError(f"bad state_dict_metadata entry {fqn!r:.60}")
-        size, chs, props = st.get("size"), st.get("chunks"), st.get("properties")
-        if type(chs) is list and len(chs) == 1 and type(c := chs[0]) is CSM and len(c) == 1 \
-                and type(cs := c[0]) is dict:   # one chunk: the common case, checked in C
-            o, z = cs.get("offsets"), cs.get("sizes")
+        try:
+            size, chs, props = meta.size, meta.chunks, meta.properties
+            one = type(chs) is list and len(chs) == 1 and type(c := chs[0]) is CSM
+            if one:
+                o, z = c.offsets, c.sizes
+        except AttributeError:
+            raise MetadataError(f"bad state_dict_metadata entry {fqn!r:.60}") from None
+        if one:   # one chunk: the common case, checked in C
             chunks = [(o, z)]
             if type(o) is not tuple or type(z) is not tuple or type(size) is not tuple \
                     or ((t := size + o + z) and (set(map(type, t)) != _INT or min(t) < 0)):
@@ -128,7 +134,13 @@ def _parse(load, into: DcpMetadata | None) -> DcpMetadata:
         else:
             chunks = _chunks_slow(fqn, chs)
             size = _ints(size, f"{fqn} size")
-        dtype = props.dtype() if type(props) is TensorProperties else None
+        if type(props) is TensorProperties and len(props) == 1 and type(ps := props[0]) is tuple and ps:
+            dtype = ps[0]   # torch >= 2.1's 5-tuple state, inline: a method call per tensor is ~0.1 s per 200k
+        else:
+            dtype = props.dtype() if type(props) is TensorProperties else None
+        if type(dtype) is not DType and dtype is not None:
+            if not isinstance(dtype, str):   # found by hand: a list here was a crash (unhashable)
+                raise MetadataError(f"{fqn}: dtype is {type(dtype).__name__}, not a torch dtype")
         conv.append(TensorInfo(fqn, size, dtype and (names.get(dtype) or names.setdefault(dtype, str(dtype))),
                                chunks))   # one str per dtype name, not one per tensor
     if not tensors:
@@ -146,23 +158,21 @@ def _parse(load, into: DcpMetadata | None) -> DcpMetadata:
     pop = sd.popitem
     for _ in range(len(sd)):
         idx, info = pop()
-        if type(idx) is not MetadataIndex or len(idx) != 1 or type(idd := idx[0]) is not dict \
-                or type(info) is not SI or len(info) != 1 or type(ind := info[0]) is not dict:
+        if type(idx) is not MetadataIndex or type(info) is not SI:
             raise MetadataError("bad storage_data entry")
         try:
-            rel, off, length, fqn = ind["relative_path"], ind["offset"], ind["length"], idd["fqn"]
-        except KeyError:
+            rel, off, length, fqn, ioff = info.relative_path, info.offset, info.length, idx.fqn, idx.offset
+        except AttributeError:
             raise MetadataError("bad storage_data entry") from None
         if type(off) is not int or type(length) is not int or type(rel) is not str \
                 or off < 0 or length < 0 or "/" in rel or rel in ("", ".", ".."):
             raise MetadataError(f"bad storage record for {fqn!r:.60}: {rel!r:.40} @{off!r}+{length!r}")
         if type(fqn) is not str:
             raise MetadataError("storage record without an fqn")
-        ioff = idd.get("offset")
         if ioff is not None and (type(ioff) is not tuple or (ioff and (set(map(type, ioff)) != _INT
                                                                           or min(ioff) < 0))):
             ioff = _ints(ioff, f"{fqn} storage offset")  # found by fuzzing: any object can sit here
-        tds = ind.get("transform_descriptors")
+        tds = info.transform_descriptors
         if tds:
             if not isinstance(tds, (list, tuple)) or not all(type(t) is str for t in tds):
                 raise MetadataError(f"bad transform descriptors for {fqn!r:.60}")
@@ -181,9 +191,10 @@ def _chunks_slow(fqn: str, chs) -> list:
     chunks = []
     try:
         for c in chs or ():
-            st = Record.state(c) if type(c) is CSM else None
-            chunks.append((st["offsets"], st["sizes"]))
-    except (KeyError, TypeError):
+            if type(c) is not CSM:
+                raise TypeError
+            chunks.append((c.offsets, c.sizes))
+    except (AttributeError, TypeError):
         raise MetadataError(f"{fqn}: bad chunk record") from None
     return [(_ints(o, f"{fqn} chunk offsets"), _ints(z, f"{fqn} chunk sizes")) for o, z in chunks]
 
