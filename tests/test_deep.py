@@ -435,6 +435,28 @@ def test_forked_workers_find_exactly_what_threads_find(real):
     assert {r for r, _p, _m in forked["findings"]} == {"CKD130", "CKD132"}
 
 
+def test_files_scanned_a_group_at_a_time_find_what_one_pass_finds(real, monkeypatch):
+    """Memory stays bounded by scanning GROUP_RECORDS records at a time (whole files per group): a
+    group per file finds exactly what one pass over all of them finds."""
+    import ckptdoctor.checks.deep_scan as ds
+    ck = real("dcp_4rank")
+    path, start, _ = _dcp_item(ck, "dense.weight")
+    _patch(path, start + 4, struct.pack("<I", 0x7FC00000))  # a NaN (and a CRC change) in one shard
+    seen = []
+    run = ds._run
+    monkeypatch.setattr(ds, "_run", lambda ck, plan, *a: (seen.append(len(plan)), run(ck, plan, *a))[1])
+
+    def deep():
+        rep = api.verify(str(ck), deep=True)
+        return sorted((f.rule, f.path, f.message) for f in rep.findings)
+    whole = deep()
+    assert seen == [len(list(ck.glob("*.distcp")))] and {r for r, _p, _m in whole} == {"CKD130", "CKD132"}
+    monkeypatch.setattr(ds, "GROUP_RECORDS", 1)
+    seen.clear()
+    assert deep() == whole
+    assert seen == [1] * len(list(ck.glob("*.distcp")))
+
+
 def test_a_shard_truncated_under_a_worker_is_reported_not_a_crash(tmp_path):
     import signal
     import torch.distributed.checkpoint as dcp

@@ -268,13 +268,13 @@ def test_slice_end_records_are_judged_as_torch_reads_them(end_record_saves, tmp_
 def test_shared_shard_buffer_never_hands_out_the_previous_shards_bytes(tmp_path):
     """A shard that shrank between the listing and the read: the records past its new end must not
     be judged on the bytes a larger shard left in the shared buffer (that would be a false ok)."""
-    from ckptdoctor.checks.verify_dcp import _ShardReader
+    from ckptdoctor.io.fs import ShardReader
     from ckptdoctor.layouts import ptzip
     rec = ptzip.LOCAL_HEADER + b"\0" * 60 + ptzip.EOCD + b"\0" * 18   # a minimal empty zip archive
     big, small = tmp_path / "big", tmp_path / "small"
     big.write_bytes(rec * 4)
     small.write_bytes(rec)   # listed at 4 records' size, holds one now
-    r = _ShardReader()
+    r = ShardReader()
     for path, size in ((big, 4 * len(rec)), (small, 4 * len(rec))):
         fd = os.open(path, os.O_RDONLY)
         try:

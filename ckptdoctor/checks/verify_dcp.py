@@ -10,7 +10,7 @@ from collections import defaultdict
 from ..engine.finding import Hit
 from ..engine.registry import check
 from ..layouts import coverage, ptzip
-from ..io.fs import NotRegularFile, open_regular
+from ..io.fs import NotRegularFile, ShardReader, open_regular
 from ..layouts.dcp import SHARD_RE
 
 DEFAULT_MTIME_TOLERANCE = 2.0
@@ -79,38 +79,6 @@ def shard_truncated(ck, eng):
                       hint="the shard was truncated (interrupted copy or write); re-copy it")
 
 
-WHOLE_FILE_MAX = 64 << 20   # bytes: a shard of many small records is read once, not twice per record
-
-
-class _ShardReader:
-    """read(offset, n) for the small ranges each record needs (its first 4 and last 98 bytes, see
-    ptzip.slice_problem).  A shard averaging under 8 KiB
-    per record is read whole once (at most WHOLE_FILE_MAX, so memory stays bounded): at 1M
-    records two preads each cost ~3 s of system calls, a sequential read a few ms.  The whole
-    reads share one page-aligned buffer: a fresh `bytes` per shard was page-faulted in again for
-    every file (0.85 s in pread under cProfile, 200k records, 280 MB of page-cached shards)."""
-
-    def __init__(self):
-        self.buf = None
-        self.fd, self.n = -1, 0   # n: bytes of the current shard in buf (-1: not read whole)
-
-    def open(self, fd: int, size: int, records: int) -> None:
-        import os
-        self.fd, self.n = fd, -1
-        if size <= WHOLE_FILE_MAX and size <= 8192 * records:
-            if self.buf is None or len(self.buf) < size:
-                import mmap
-                self.buf = mmap.mmap(-1, max(size, 1 << 20))
-            self.n = os.preadv(fd, [memoryview(self.buf)[:size]], 0) if size else 0  # short if it
-            # shrank since the listing: bytes past n are the previous shard's and are never handed out
-
-    def read(self, off: int, n: int) -> bytes:
-        if self.n < 0:
-            import os
-            return os.pread(self.fd, n, off)
-        return self.buf[off:min(off + n, self.n)] if off < self.n else b""
-
-
 @check("CKD105", "checkpoint")
 def slice_corrupt(ck, eng):
     """Each storage record must be one whole torch.save zip archive (local storage only)."""
@@ -122,7 +90,7 @@ def slice_corrupt(ck, eng):
     by_file = defaultdict(list)
     for s in md.storage:
         by_file[s.relative_path].append(s)
-    shard = _ShardReader()
+    shard = ShardReader()
     for rel, recs in sorted(by_file.items()):
         e = files.get(rel)
         if e is None:
