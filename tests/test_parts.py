@@ -394,3 +394,39 @@ def test_publish_distributed_refuses_on_every_rank_when_a_node_lost_a_shard(tmp_
     assert all("CKD103" in r["error"] and "__3_0.distcp" in r["error"] for r in res), res[0]
     dest = tmp_path / "lustre" / "run7"
     assert not (dest / NAME).exists() and tracker_of(dest) is None
+
+
+def _elect_after(barrier, root, k, out):
+    from ckptdoctor.publishing import parts as P
+    st = P.LocalParts(root, NAME, P.PartSpec.parse(f"{k}/4", "job5"))
+    barrier.wait()
+    out.put(st.elect())
+
+
+def test_a_dead_committer_is_taken_over_by_exactly_one_part(tmp_path):
+    """A committer killed on this host leaves its claim; every part that then sees it dead (a
+    waiting part, a re-run of the dead one) tries to take over at the same moment.  Exactly one may
+    win: two winners both committed in CI, and the later one failed on the tree the first had
+    renamed away ("publish --part: [Errno 2] No such file or directory")."""
+    import multiprocessing as mp
+    from ckptdoctor.publishing import naming
+    from ckptdoctor.publishing import parts as P
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    st = P.LocalParts(str(tmp_path), NAME, P.PartSpec.parse("1/4", "job5"))
+    os.makedirs(st.dir)
+    claim = json.dumps({"part": 1, "host": naming.HOST, "pid": dead.pid, "start": "1"}).encode()
+    ctx = mp.get_context("fork")
+    for _round in range(40):
+        with open(os.path.join(st.dir, "commit"), "wb") as fh:
+            fh.write(claim)
+        barrier, out = ctx.Barrier(4), ctx.Queue()
+        procs = [ctx.Process(target=_elect_after, args=(barrier, str(tmp_path), k, out)) for k in range(4)]
+        for p in procs:
+            p.start()
+        won = [out.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(60)
+        assert won.count(True) == 1, (_round, won)
+        owner = json.loads(open(os.path.join(st.dir, "commit"), "rb").read())
+        assert owner["pid"] != dead.pid and owner["host"] == naming.HOST

@@ -342,12 +342,39 @@ class LocalParts:
         except (OSError, ValueError):
             return False
         if own.get("host") == naming.HOST and not naming.pid_alive(int(own.get("pid", 0)), own.get("start")):
-            try:  # the committer died on this host: take over (its rename either happened or not)
-                os.unlink(p)
-            except FileNotFoundError:
-                pass
-            return self.elect()
+            return self._take_over(p, own, doc)  # the committer died on this host
         return False
+
+    def _take_over(self, p: str, dead: dict, doc: bytes) -> bool:
+        """Replace a dead committer's claim (its rename either happened or not).  Two parts on its
+        host may see it dead at once (a waiting part and a re-run of the dead one, seen in CI): each
+        read it, the first replaced it, and the second, unlinking what it had read as dead, removed
+        the first's fresh claim, so both committed and the later one failed on the vanished tree.
+        Serialized by a lock and re-read under it, the claim is replaced only while it is still the
+        dead one.  Parts on other hosts never take over (they cannot tell a pid is dead), and they
+        claim with O_EXCL only, so they cannot slip in while the dead claim stands."""
+        import fcntl
+        fd = os.open(os.path.join(self.dir, "elect.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                     0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # held for a read, an unlink and a write: milliseconds
+            try:
+                now = json.loads(read_regular(p, 4096))
+            except FileNotFoundError:
+                now = None
+            except (OSError, ValueError):
+                return False
+            if now is not None:
+                if now != dead:
+                    return False  # another part took over first: it commits
+                os.unlink(p)
+            try:
+                write_new(p, doc)
+                return True
+            except FileExistsError:
+                return False
+        finally:
+            os.close(fd)  # releases the lock
 
     def committer(self) -> int | None:
         try:
