@@ -41,6 +41,7 @@ from ..values import value, field
 from ..engine.finding import Hit
 from ..io.fs import NotRegularFile, ShardReader, TreeLimit, aligned_buffer, open_regular, walk_files
 from ..layouts import ptzip
+from .verify_dcp import storage_by_file
 from ..layouts import safetensors as stf
 
 WINDOW = 1 << 20   # bytes per read per thread (a multiple of every element width); measured on 2 GiB
@@ -168,6 +169,7 @@ def scan(ck, eng) -> DeepResult | None:
             _run(ck, plan, files, res, prog)
     finally:
         prog.close()
+        ck.results.pop("deep_reader", None)  # its buffer (up to 64 MiB) is not kept per checkpoint
     firsts = {}
     for d in res.changed:  # fail closed: bytes that vanished under the scan were not judged
         firsts.setdefault(d["file"], d)
@@ -206,7 +208,7 @@ def _records(ck, name: str, size: int, covered: set[str], res: DeepResult, eng) 
             # checkpoint holds ~2k: an open() per read was most of listing them), read whole when small
             fd = open_regular(ck.storage.abspath(rel))
             reader = ck.results.setdefault("deep_reader", ShardReader())  # one buffer for every shard
-            many = len(_dcp_by_file(ck).get(name, ())) if name.endswith(".distcp") and ck.dcp.metadata else 1
+            many = len(storage_by_file(ck).get(name, ())) if name.endswith(".distcp") and ck.dcp.metadata else 1
             reader.open(fd, size, many)
             read = reader.read
         else:
@@ -286,23 +288,12 @@ def _archive_records(name: str, size: int, read, covered: set[str], res: DeepRes
     return _member_records(name, "", ms, info_of)
 
 
-def _dcp_by_file(ck) -> dict[str, list]:
-    """The checkpoint's storage records by shard, built once: scanning each shard's records out of
-    the whole list was 512 x 1M steps for a 1M-record checkpoint (275 s of a --deep)."""
-    idx = ck.results.get("deep_by_file")
-    if idx is None:
-        idx = ck.results["deep_by_file"] = {}
-        for s in ck.dcp.metadata.storage:
-            idx.setdefault(s.relative_path, []).append(s)
-    return idx
-
-
 def _dcp_records(ck, name: str, size: int, read, res: DeepResult, eng) -> list[Record]:
     md = ck.dcp.metadata
     if md is None:
         return []  # CKD101/CKD102 report the missing or unreadable metadata
     out: list[Record] = []
-    mine = _dcp_by_file(ck).get(name, ())
+    mine = storage_by_file(ck).get(name, ())
     transformed = [s for s in mine if s.transforms]
     if transformed:  # compressed by a storage extension: not scanned here, and not passed either
         res.skipped.append(name)
