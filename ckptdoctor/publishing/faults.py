@@ -3,6 +3,8 @@
 CKPTDOCTOR_TEST_KILL_AT=PHASE     SIGKILL this process when publish reaches PHASE
                                   (copy, manifest, rename, swap, tracker-temp, tracker, prune, upload;
                                   parts: part-record, put)
+CKPTDOCTOR_TEST_KILL_AFTER=N      SIGKILL this process once N bytes were copied (mid-file, before the
+                                  first file is placed: a moment too short to hit from outside)
 CKPTDOCTOR_TEST_ENOSPC_AFTER=N    fail a write with ENOSPC once N bytes were copied (for machines
                                   where the tests cannot mount a small filesystem)
 CKPTDOCTOR_TEST_PAUSE_AT=PHASE:S  sleep S seconds when publish reaches PHASE (to order two publishes)
@@ -18,6 +20,7 @@ import threading
 
 _KILL_AT = os.environ.get("CKPTDOCTOR_TEST_KILL_AT")
 _ENOSPC_AFTER = os.environ.get("CKPTDOCTOR_TEST_ENOSPC_AFTER")
+_KILL_AFTER = os.environ.get("CKPTDOCTOR_TEST_KILL_AFTER")
 _PHASE_LOG = os.environ.get("CKPTDOCTOR_TEST_PHASE_LOG")
 _PAUSE_AT = os.environ.get("CKPTDOCTOR_TEST_PAUSE_AT")
 _written = 0
@@ -41,9 +44,11 @@ def point(phase: str) -> None:
 
 def wrote(n: int) -> None:
     global _written
-    if _ENOSPC_AFTER is None:
+    if _ENOSPC_AFTER is None and _KILL_AFTER is None:
         return
     with _lock:
         _written += n
-        if _written > int(_ENOSPC_AFTER):
+        if _KILL_AFTER is not None and _written > int(_KILL_AFTER):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if _ENOSPC_AFTER is not None and _written > int(_ENOSPC_AFTER):
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
