@@ -8,7 +8,6 @@ reader.  Problems reading a file become notes (findings later), never exceptions
 from __future__ import annotations
 
 import json
-import re
 from ..values import value, field
 from functools import lru_cache
 TYPE_CHECKING = False  # typing is imported by type checkers only: ~5 ms of start-up (issue 20)
