@@ -239,50 +239,32 @@ def test_disk_full_cleans_up_and_leaves_tracker(tmp_path, small_fs):
 
 # ---- crash tests ----------------------------------------------------------------------------------
 PHASES = ["copy", "manifest", "rename", "tracker-temp", "tracker"]
+# where each kill lands: at a phase, or mid-way through the first file, before any file is placed (that
+# moment lasted 15 ms in CI, too short for test_random_kill_times to aim at from outside): 1 MiB into
+# a 12 MiB shard
+KILLS = {ph: {"CKPTDOCTOR_TEST_KILL_AT": ph} for ph in PHASES} | {
+    "mid-first-file": {"CKPTDOCTOR_TEST_KILL_AFTER": str(1 << 20)}}
 
 
-@pytest.mark.parametrize("phase", PHASES)
+@pytest.mark.parametrize("phase", KILLS)
 def test_sigkill_at_each_phase_keeps_the_invariant_and_rerun_finishes(tmp_path, phase):
     src = tmp_path / "src"
     megatron_iter(src / "iter_0000100", 100)
-    megatron_iter(src / "iter_0000200", 200, mb=1)
+    megatron_iter(src / "iter_0000200", 200, mb=24, ranks=2)
     dest = str(tmp_path / "dest")
     assert pub(src / "iter_0000100", dest)[0] == 0
-    rc, out, err = pub(src / "iter_0000200", dest, env={"CKPTDOCTOR_TEST_KILL_AT": phase})
+    rc, out, err = pub(src / "iter_0000200", dest, env=KILLS[phase])
     assert rc == -signal.SIGKILL
     assert tracker_of(dest) == ("200" if phase == "tracker" else "100")
     assert_invariant(dest, "iter_0000100")
-    if phase in ("copy", "manifest"):  # verify names the leftover of the killed publish
+    if phase in ("mid-first-file", "copy", "manifest"):  # verify names the leftover of the killed publish
+        assert [e for e in listing(dest) if e.startswith(".")], listing(dest)
         rc, rep = verify_json(dest)
         assert_fires_json(rep, "CKD202")
     rc, out, err = pub(src / "iter_0000200", dest)
     assert rc == 0, err
     assert tracker_of(dest) == "200"
     assert sorted(e for e in listing(dest)) == ["iter_0000100", "iter_0000200", TRACKER]
-    assert verify_json(dest)[0] == 0
-
-
-def test_sigkill_mid_first_file_before_any_is_placed(tmp_path):
-    """The moment between publish's start and its first placed file (a staging directory with one
-    half-written file) lasted 15 ms in CI, too short for the random-kill test to aim at from outside;
-    this kills there deterministically, once 1 MiB of a 12 MiB shard was read."""
-    src = tmp_path / "src"
-    megatron_iter(src / "iter_0000100", 100)
-    megatron_iter(src / "iter_0000200", 200, mb=24, ranks=2)
-    dest = str(tmp_path / "dest")
-    assert pub(src / "iter_0000100", dest)[0] == 0
-    rc, out, err = pub(src / "iter_0000200", dest, env={"CKPTDOCTOR_TEST_KILL_AFTER": str(1 << 20)})
-    assert rc == -signal.SIGKILL
-    assert tracker_of(dest) == "100"
-    assert_invariant(dest, "iter_0000100")
-    staged = [e for e in listing(dest) if e.startswith(".")]
-    assert staged, listing(dest)  # the kill left a staging directory behind ...
-    rc, rep = verify_json(dest)
-    assert_fires_json(rep, "CKD202")  # ... that verify names
-    rc, out, err = pub(src / "iter_0000200", dest)
-    assert rc == 0, err
-    assert tracker_of(dest) == "200"
-    assert sorted(listing(dest)) == ["iter_0000100", "iter_0000200", TRACKER]
     assert verify_json(dest)[0] == 0
 
 
@@ -363,7 +345,7 @@ def test_random_kill_times(tmp_path):
     # The copy spans "start" (until the first file is placed) and "copy" (until all are); which of the two
     # is wide depends on how the four workers' first wave finishes (CI saw "start" at 15 ms and "copy" at
     # 56 ms), so at least one of them must be; a narrow "start" is killed deterministically by
-    # test_sigkill_mid_first_file_before_any_is_placed.
+    # test_sigkill_at_each_phase_keeps_the_invariant_and_rerun_finishes[mid-first-file].
     assert "launch" in long_enough and long_enough & {"start", "copy"}, starts
 
     rng = random.Random(7)
