@@ -2,6 +2,9 @@
 
 8 x 256 MiB files in a DCP-like directory; warm (page-cached) and cold (posix_fadvise DONTNEED
 before every run).  Peak RSS of hashing one 4 GiB file comes from the child's rusage.
+
+    python benchmarks/checksums_bench.py                 # all of that, then page-cached marginal
+    python benchmarks/checksums_bench.py cold-marginal   # cold marginal only (4.5 GiB of new files)
 """
 from __future__ import annotations
 
@@ -76,6 +79,49 @@ def marginal(base: Path, d: Path, files: list[str], runs: int = 5):
               f"{rate[tool] / rate['cat > /dev/null']:.2f}x |")
 
 
+def cold_marginal(rounds: int = int(os.environ.get("RUNS", "7"))):
+    """Cold marginal throughput: the same tools on 16 distinct 256 MiB files (4 GiB) and on 2 of
+    another set (512 MiB), every file dropped from the page cache before each run, throughput =
+    3.5 GiB / (t_4GiB - t_512MiB) per round, median over alternating rounds.  Distinct files,
+    because `marginal`'s hard links would be read from the cache the second time."""
+    from ckptdoctor.layouts import dcp_writer as W
+    base = Path(tempfile.mkdtemp(prefix="ckd-coldm-", dir=os.environ.get("BENCH_DIR", "/var/tmp")))
+    sets = {}
+    for label, n in (("4g", 16), ("512m", 2)):
+        dd = base / label
+        make(dd, n=n)
+        subprocess.run([PY, "-m", "ckptdoctor", "manifest", "-q", str(dd)], check=True)
+        sets[label] = (dd, sorted(str(p) for p in dd.glob("*.distcp")))
+    total = sum(os.path.getsize(f) for f in sets["4g"][1]) - sum(os.path.getsize(f) for f in sets["512m"][1])
+
+    def cmd(tool, label):
+        dd, fs = sets[label]
+        q = " ".join(fs)
+        return {"ckptdoctor verify --checksums": [PY, "-m", "ckptdoctor", "verify", "--checksums", "-q", str(dd)],
+                "xxhsum -H128": f"xxhsum -H128 {q}", "b3sum": f"b3sum {q}", "cat > /dev/null": f"cat {q} > /dev/null"}[tool]
+    tools = ("ckptdoctor verify --checksums", "cat > /dev/null", "b3sum", "xxhsum -H128")
+    whole = {t: [] for t in tools}
+
+    def one(tool):
+        big = run(cmd(tool, "4g"), sets["4g"][1], True, 1)
+        small = run(cmd(tool, "512m"), sets["512m"][1], True, 1)
+        whole[tool].append(big)
+        return big - small
+    diffs = alternate({t: (lambda t=t: one(t)) for t in tools}, rounds)
+    rate = {t: total / statistics.median(diffs[t]) for t in tools}
+    print(f"\n### cold, marginal: (4 GiB - 512 MiB) / (t(4 GiB) - t(512 MiB)), distinct files dropped "
+          f"from the page cache before each run, median of {rounds} alternating rounds\n")
+    print("| tool | marginal GB/s | vs cat | whole 4 GiB run, median s | whole run vs cat |\n|---|---|---|---|---|")
+    cat_whole = statistics.median(whole["cat > /dev/null"])
+    for t in tools:
+        w = statistics.median(whole[t])
+        print(f"| `{t}` | {rate[t] / 1e9:.2f} | {rate[t] / rate['cat > /dev/null']:.2f}x | {w:.3f} | "
+              f"{cat_whole / w:.2f}x |")
+    print("\nper-round marginal s: " + "; ".join(f"{t.split()[0]} " + "/".join(f"{x:.2f}" for x in diffs[t])
+                                         for t in tools))
+    shutil.rmtree(base)
+
+
 def main():
     base = Path(tempfile.mkdtemp(prefix="ckd-hash-", dir=os.environ.get("BENCH_DIR", "/var/tmp")))
     d = base / "ck"
@@ -114,4 +160,4 @@ def main():
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    main()
+    cold_marginal() if sys.argv[1:] == ["cold-marginal"] else main()

@@ -6,6 +6,7 @@
     .venv/bin/python benchmarks/run.py metadata1m   # the same with 1,000,000 entries (time and peak RSS)
     .venv/bin/python benchmarks/run.py publish      # publish vs cp -r + sync
     .venv/bin/python benchmarks/run.py checksums    # verify --checksums vs xxhsum/b3sum/sha256sum/cat
+                                                    # (page-cached, cold, and both as marginal throughput)
     .venv/bin/python benchmarks/run.py parts        # 2-part publish of 4 GiB vs cp -r + sync
     .venv/bin/python benchmarks/run.py manifestwriter  # dcp.save with ManifestWriter vs FileSystemWriter
     .venv/bin/python benchmarks/run.py all
@@ -204,8 +205,9 @@ if __name__ == "__main__":
             print(f"\n## {name}\n")
             fn()
     if what in ("checksums", "all"):
-        from checksums_bench import main as cb  # noqa
+        from checksums_bench import cold_marginal, main as cb  # noqa
         cb()
+        cold_marginal()
     if what in ("parts", "manifestwriter", "all"):
         import parts_bench  # noqa
         for name in ("parts", "manifestwriter"):
