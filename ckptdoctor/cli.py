@@ -278,7 +278,7 @@ def publish(
                                             "K checkpoints (never the tracker target or one being written)."),
     keep_every: int | None = typer.Option(None, "--keep-every", help="Also keep every checkpoint whose "
                                              "step is a multiple of M."),
-    workers: int | None = typer.Option(None, "--workers", help="Parallel file copies [default: 2 x cores, max 8]."),
+    workers: int | None = typer.Option(None, "--workers", help="Parallel file copies [default: one per file, max 16]."),
     part: str | None = typer.Option(None, "--part", help="K/N: this node's part of a checkpoint spread over N "
                                        "nodes' local disks (K from 0, e.g. $SLURM_NODEID/$SLURM_NNODES); the "
                                        "part completing the set verifies and commits."),

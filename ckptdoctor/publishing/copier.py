@@ -23,6 +23,19 @@ class SourceChanged(OSError):
     pass
 
 
+# Parallel copies, whatever the core count: a copy thread spends its time in read, write and
+# fsync with the GIL released, and the disk finishes sooner with more files' writeback in flight.
+# Measured on this project's 2-core VM (4 GiB in 16 files, copy + per-file fsync, 5 alternating
+# rounds): 4 threads 1.84-2.55 s, 8 threads 1.47-1.97 s, 16 threads 1.39-1.50 s, against `cp -r`
+# + `sync` 1.66-1.97 s.  Each thread holds one 512 KiB buffer.
+COPY_WORKERS = 16
+
+
+def copy_workers(workers: int | None, nfiles: int) -> int:
+    """Threads for copying or uploading `nfiles` files: `workers` if given, else up to 16."""
+    return max(1, workers or min(COPY_WORKERS, nfiles))
+
+
 @value
 class Copied:
     rel: str
@@ -170,7 +183,7 @@ def copy_tree(src: str, dst: str, dirs: list[str], files: dict[str, int], worker
         os.makedirs(os.path.join(dst, d), exist_ok=True)
     # largest first, so one big shard does not start last and set the wall time
     order = sorted(files, key=lambda r: -files[r])
-    workers = workers or min(8, 2 * (os.cpu_count() or 1))
+    workers = copy_workers(workers, len(order))
     out: dict[str, Copied] = {}
     first = True
     if workers <= 1 or len(order) <= 1:

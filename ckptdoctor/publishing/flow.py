@@ -433,7 +433,7 @@ def _upload(fs, src: str, final: str, rels: list[str], workers, progress) -> dic
     """Stream each file to its final object name while hashing it (one read).  Multipart uploads
     complete on close, so an object never appears partially under its name."""
     from concurrent.futures import ThreadPoolExecutor
-    from .copier import Copied, gather, upload_file
+    from .copier import Copied, copy_workers, gather, upload_file
 
     def one(rel: str) -> Copied:
         try:
@@ -441,7 +441,7 @@ def _upload(fs, src: str, final: str, rels: list[str], workers, progress) -> dic
         except SourceChanged as exc:
             raise InputError(f"publish aborted: {exc}; not committed") from None
 
-    workers = workers or min(8, 2 * (os.cpu_count() or 1))
+    workers = copy_workers(workers, len(rels))
     if len(rels) <= 1:
         return {r: one(r) for r in rels}
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckd-upload") as ex:

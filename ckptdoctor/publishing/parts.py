@@ -38,8 +38,8 @@ from ..io.fs import read_regular
 from ..layouts import manifest as mf
 from . import faults, naming
 from .flow import AfterCommitResult
-from .copier import CANCEL, Cancelled, ChunkDigests, Copied, SourceChanged, copy_file, list_tree, snapshot, \
-    snapshot_diff, gather, upload_file
+from .copier import CANCEL, Cancelled, ChunkDigests, Copied, SourceChanged, copy_file, copy_workers, list_tree, \
+    snapshot, snapshot_diff, gather, upload_file
 
 RECORD_SCHEMA = "ckptdoctor.part/v1"
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,63}", re.ASCII)
@@ -596,7 +596,7 @@ def _copy_part(st: LocalParts, src: str, spec: PartSpec, name: str, res: PartRes
             faults.point("copy")
 
     try:
-        n = workers or min(8, 2 * (os.cpu_count() or 1))
+        n = copy_workers(workers, len(todo))
         if n <= 1 or len(todo) <= 1:
             for rel in todo:
                 one(rel)
