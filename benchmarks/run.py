@@ -47,8 +47,8 @@ def table(rows, base_label):
 
 
 def startup(rounds: int = 21):
-    """Alternating rounds, from the checkpoint's own directory (a prolog's or a job's working
-    directory, not this repository, whose pyproject.toml a command would read as its config)."""
+    """Alternating rounds, from outside this repository (see common.measure), as a prolog or a job
+    runs it."""
     from ckptdoctor.layouts import dcp_writer as W
     d = tempfile.mkdtemp()
     W.write(d, [W.Item("w", (4, 4), (0, 0), (4, 4), [1.0] * 16)])
@@ -57,14 +57,9 @@ def startup(rounds: int = 21):
             "python -m ckptdoctor verify <small DCP>": CKD + ["verify", d]}
     if os.path.exists(script):
         cmds["ckptdoctor verify <small DCP> (console script)"] = [script, "verify", d]
-    here = os.getcwd()
-    os.chdir(d)
-    try:
-        for c in cmds.values():  # a first run compiles the CLI spec and the caches
-            subprocess.run(c, stdout=subprocess.DEVNULL)
-        r = alternate({k: (lambda c=c: timeit(c, 1)) for k, c in cmds.items()}, rounds)
-    finally:
-        os.chdir(here)
+    for c in cmds.values():  # a first run compiles the CLI spec and the caches
+        subprocess.run(c, stdout=subprocess.DEVNULL, cwd=d)
+    r = alternate({k: (lambda c=c: timeit(c, 1)) for k, c in cmds.items()}, rounds)
     table([(k, combined(v)) for k, v in r.items()], "python -c pass")
     shutil.rmtree(d)
 
