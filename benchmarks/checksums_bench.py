@@ -46,6 +46,24 @@ def run(cmd, files, cold, runs=5):
     return measure(cmd, runs, setup=(lambda: drop(files)) if cold else None, shell=isinstance(cmd, str)).median_s
 
 
+def tool_cmd(tool: str, d: Path, files: list[str]):
+    """The command line `tool` runs on checkpoint `d` (ours) or on its shard files (the others)."""
+    q = " ".join(files)
+    return {"ckptdoctor verify --checksums": [PY, "-m", "ckptdoctor", "verify", "--checksums", "-q", str(d)],
+            "xxhsum -H128": f"xxhsum -H128 {q}", "b3sum": f"b3sum {q}", "cat > /dev/null": f"cat {q} > /dev/null"}[tool]
+
+
+def _two_sets(sets: dict[str, Path]):
+    """Manifests for the "4g" and "512m" checkpoints; (cmd(tool, label), the bytes between the two,
+    each set's shard files)."""
+    files = {}
+    for label, d in sets.items():
+        subprocess.run([PY, "-m", "ckptdoctor", "manifest", "-q", str(d)], check=True)
+        files[label] = sorted(str(p) for p in d.glob("*.distcp"))
+    total = sum(map(os.path.getsize, files["4g"])) - sum(map(os.path.getsize, files["512m"]))
+    return (lambda tool, label: tool_cmd(tool, sets[label], files[label])), total, files
+
+
 def marginal(base: Path, d: Path, files: list[str], runs: int = 5):
     """Page-cached marginal throughput (issue 20): the same tools on 4 GiB and on 512 MiB (the 8
     files hard-linked twice / two of them), throughput = 3.5 GiB / (t_4GiB - t_512MiB), so the
@@ -58,15 +76,8 @@ def marginal(base: Path, d: Path, files: list[str], runs: int = 5):
         for i, (f, _k) in enumerate(picks):
             os.link(f, dd / f"__{i}_0.distcp")
         open(dd / ".metadata", "wb").write(W.metadata_bytes([]))
-        subprocess.run([PY, "-m", "ckptdoctor", "manifest", "-q", str(dd)], check=True)
-        sets[label] = (dd, sorted(str(p) for p in dd.glob("*.distcp")))
-    total = sum(os.path.getsize(f) for f in sets["4g"][1]) - sum(os.path.getsize(f) for f in sets["512m"][1])
-
-    def cmd(tool, label):
-        dd, fs = sets[label]
-        q = " ".join(fs)
-        return {"ckptdoctor verify --checksums": [PY, "-m", "ckptdoctor", "verify", "--checksums", "-q", str(dd)],
-                "xxhsum -H128": f"xxhsum -H128 {q}", "b3sum": f"b3sum {q}", "cat > /dev/null": f"cat {q} > /dev/null"}[tool]
+        sets[label] = dd
+    cmd, total, _ = _two_sets(sets)
     tools = ("ckptdoctor verify --checksums", "xxhsum -H128", "b3sum", "cat > /dev/null")
     rate = {}
     for tool in tools:
@@ -84,27 +95,18 @@ def cold_marginal(rounds: int = int(os.environ.get("RUNS", "7"))):
     another set (512 MiB), every file dropped from the page cache before each run, throughput =
     3.5 GiB / (t_4GiB - t_512MiB) per round, median over alternating rounds.  Distinct files,
     because `marginal`'s hard links would be read from the cache the second time."""
-    from ckptdoctor.layouts import dcp_writer as W
     base = Path(tempfile.mkdtemp(prefix="ckd-coldm-", dir=os.environ.get("BENCH_DIR", "/var/tmp")))
     sets = {}
     for label, n in (("4g", 16), ("512m", 2)):
-        dd = base / label
-        make(dd, n=n)
-        subprocess.run([PY, "-m", "ckptdoctor", "manifest", "-q", str(dd)], check=True)
-        sets[label] = (dd, sorted(str(p) for p in dd.glob("*.distcp")))
-    total = sum(os.path.getsize(f) for f in sets["4g"][1]) - sum(os.path.getsize(f) for f in sets["512m"][1])
-
-    def cmd(tool, label):
-        dd, fs = sets[label]
-        q = " ".join(fs)
-        return {"ckptdoctor verify --checksums": [PY, "-m", "ckptdoctor", "verify", "--checksums", "-q", str(dd)],
-                "xxhsum -H128": f"xxhsum -H128 {q}", "b3sum": f"b3sum {q}", "cat > /dev/null": f"cat {q} > /dev/null"}[tool]
+        make(base / label, n=n)
+        sets[label] = base / label
+    cmd, total, files = _two_sets(sets)
     tools = ("ckptdoctor verify --checksums", "cat > /dev/null", "b3sum", "xxhsum -H128")
     whole = {t: [] for t in tools}
 
     def one(tool):
-        big = run(cmd(tool, "4g"), sets["4g"][1], True, 1)
-        small = run(cmd(tool, "512m"), sets["512m"][1], True, 1)
+        big = run(cmd(tool, "4g"), files["4g"], True, 1)
+        small = run(cmd(tool, "512m"), files["512m"], True, 1)
         whole[tool].append(big)
         return big - small
     diffs = alternate({t: (lambda t=t: one(t)) for t in tools}, rounds)
