@@ -74,3 +74,24 @@ def combined(ms: list[Measure]) -> Measure:
     """One Measure from single runs taken in alternating rounds: median time, largest peak."""
     return Measure(statistics.median(m.median_s for m in ms), max(m.peak_rss_mib for m in ms), len(ms))
 
+
+def build_torch_metadata(d: str, entries: int = 200_000, files: int = 512) -> None:
+    """A DCP checkpoint in `d` of `entries` one-element tensors over `files` shards, one storage
+    record each, whose `.metadata` is the one torch itself writes.  The torch-free writer emits
+    protocol-2 opcodes without memoizing (78 MB against torch's 51 MB at 200k records); torch's
+    FileSystemWriter.finish is `pickle.dump(metadata, f)` (torch 2.13 filesystem.py), which
+    memoizes every object.  So the writer's file is read by torch and re-dumped by it: the file a
+    real run would leave."""
+    import subprocess
+    import sys
+    from ckptdoctor.layouts import dcp_writer as W
+    per = entries // files
+    items = [W.Item(f"layers.{f}.p{j}", (per, 1), (0, 0), (1, 1), [0.5], rank=f) for f in range(files)
+             for j in range(per)]
+    for it in items:
+        it.global_shape = (1, 1)
+    W.write(d, items)
+    del items
+    subprocess.run([sys.executable, "-c", "import sys, pickle, torch.distributed.checkpoint as dcp; "
+                    "md = dcp.FileSystemReader(sys.argv[1]).read_metadata(); "
+                    "pickle.dump(md, open(sys.argv[1] + '/.metadata', 'wb'))", d], check=True)

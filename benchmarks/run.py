@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Measure, alternate, combined, measure  # noqa: E402
+from common import Measure, alternate, build_torch_metadata, combined, measure  # noqa: E402
 
 
 def timeit(cmd, runs=7, env=None, setup=None, ok=(0,)) -> Measure:
@@ -65,24 +65,9 @@ def startup(rounds: int = 21):
 
 
 def structural(files=512, entries=200_000, runs=3):
-    from ckptdoctor.layouts import dcp_writer as W
     d = tempfile.mkdtemp(prefix="ckd-bench-")
-    per = entries // files
-    items = [W.Item(f"layers.{f}.p{j}", (per, 1), (0, 0), (1, 1), [0.5], rank=f) for f in range(files)
-             for j in range(per)]
-    # a tensor per (file, j) with one element: 200k storage entries, 512 shard files
-    for it in items:
-        it.global_shape = (1, 1)
     t = time.perf_counter()
-    W.write(d, items)
-    del items
-    # The .metadata torch itself writes: FileSystemWriter.finish is `pickle.dump(metadata, f)`
-    # (torch 2.13 filesystem.py), which memoizes every object; the writer above emits protocol 2
-    # opcodes without memoizing (78 MB against torch's 51 MB at 200k records).  Re-dumped here from
-    # torch's own read of it, so both tools below read the file a real run would leave.
-    subprocess.run([PY, "-c", "import sys, pickle, torch.distributed.checkpoint as dcp; "
-                    "md = dcp.FileSystemReader(sys.argv[1]).read_metadata(); "
-                    "pickle.dump(md, open(sys.argv[1] + '/.metadata', 'wb'))", d], check=True)
+    build_torch_metadata(d, entries, files)   # the .metadata torch itself writes
     print(f"built {entries} entries in {files} files in {time.perf_counter() - t:.1f}s: {d} "
           f"(.metadata as torch writes it: {os.path.getsize(d + '/.metadata') / 1e6:.0f} MB)")
     torch_cmd = [PY, "-c", "import sys, torch.distributed.checkpoint as dcp; "

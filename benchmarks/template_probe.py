@@ -22,28 +22,20 @@ import gc
 import os
 import pickletools
 import re
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-PY = sys.executable
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def build(entries: int = 200_000, files: int = 512) -> str:
-    """The file `run.py structural` measures: written by the torch-free writer, then re-dumped by
-    torch itself (its FileSystemWriter.finish is `pickle.dump(metadata, f)`)."""
-    from ckptdoctor.layouts import dcp_writer as W
+def build() -> str:
+    """The 200k-record checkpoint `run.py structural` measures (common.build_torch_metadata)."""
+    from common import build_torch_metadata
     d = tempfile.mkdtemp(prefix="ckd-probe-", dir=os.environ.get("BENCH_DIR", "/var/tmp"))
-    per = entries // files
-    items = [W.Item(f"layers.{f}.p{j}", (1, 1), (0, 0), (1, 1), [0.5], rank=f)
-             for f in range(files) for j in range(per)]
-    W.write(d, items)
-    subprocess.run([PY, "-c", "import sys, pickle, torch.distributed.checkpoint as dcp; "
-                    "md = dcp.FileSystemReader(sys.argv[1]).read_metadata(); "
-                    "pickle.dump(md, open(sys.argv[1] + '/.metadata', 'wb'))", d], check=True)
+    build_torch_metadata(d)
     return d
 
 
@@ -192,7 +184,7 @@ def main(d: str | None = None) -> None:
     t3 = time.perf_counter()
     loads_dcp(data)
     t4 = time.perf_counter()
-    pairs = len(tensors) and min(nt, ns)
+    pairs = min(nt, ns)
     print(f"file: {d}/.metadata, {len(data) / 1e6:.0f} MB")
     print("| reader | records | s | us per record |\n|---|---|---|---|")
     print(f"| template, tensor records | {nt} | {t1 - t:.3f} | {(t1 - t) / nt * 1e6:.2f} |")
