@@ -160,16 +160,23 @@ DCP_ALLOW[(f"{DCP}.planner", "WriteItemType")] = _enum_value
 DCP_ALLOW[(f"{DCP}.planner", "LoadItemType")] = _enum_value
 
 
+def resolve_global(allow: dict, module: str, name: str):
+    """What a pickle's global resolves to: its stand-in on the allow-list, a DType for a torch
+    dtype, else RefusedGlobal (the one decision both DCP readers use: this unpickler and
+    io.dcp_pickle's machine)."""
+    hit = allow.get((module, name))
+    if hit is not None:
+        return hit
+    if module == "torch" and name in DTYPES:
+        return DType(name)
+    raise RefusedGlobal(module, name)
+
+
 class RestrictedUnpickler(pickle.Unpickler):
     allow: dict[tuple[str, str], Any] = DCP_ALLOW
 
     def find_class(self, module, name):
-        hit = self.allow.get((module, name))
-        if hit is not None:
-            return hit
-        if module == "torch" and name in DTYPES:
-            return DType(name)
-        raise RefusedGlobal(module, name)
+        return resolve_global(self.allow, module, name)
 
     def persistent_load(self, pid):
         raise pickle.UnpicklingError("persistent ids are not allowed here")

@@ -124,10 +124,15 @@ class CheckpointView:
 class _Bounded:
     """A read-only view of a file that ends at `size` bytes even if the file grows meanwhile: what
     the unpickler reads is the file as it was measured, never more."""
-    __slots__ = ("fh", "left")
+    __slots__ = ("fh", "left", "size", "start")
 
     def __init__(self, fh, size: int):
-        self.fh, self.left = fh, size
+        self.fh, self.left, self.size, self.start = fh, size, size, fh.tell()
+
+    def rewind(self) -> None:
+        """Back to the first byte, for a second reader of the same measured bytes."""
+        self.fh.seek(self.start)
+        self.left = self.size
 
     def read(self, n: int = -1) -> bytes:
         n = self.left if n is None or n < 0 else min(n, self.left)
