@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""How fast could a parser of our own read a `.metadata` torch writes?  A probe for issue 20's 1M
-peak, not a reader: nothing in ckptdoctor uses this.
+"""How fast could a parser of our own read a `.metadata` torch writes?  The probe (session 12) that
+led to the reader ckptdoctor now uses, `ckptdoctor/io/dcp_pickle.py` (session 13); kept as the
+measurement of the design, and not imported by it.
 
     python benchmarks/template_probe.py [DIR]    # DIR: a DCP checkpoint; default: build 200k records
 

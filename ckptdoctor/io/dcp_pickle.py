@@ -31,9 +31,8 @@ readings on files torch writes and on mutated ones.
 from __future__ import annotations
 
 import re
-import struct
-from dataclasses import dataclass
 
+from ..values import value
 from .unpickle import CSM, DCP_ALLOW, MetadataIndex, SI, TSM, DType, TensorProperties, resolve_global
 
 
@@ -41,7 +40,7 @@ class Decline(Exception):
     """Not a pickle this reader vouches for: read it with the C unpickler."""
 
 
-@dataclass(slots=True)
+@value(slots=True)
 class Loaded:
     obj: object                  # what STOP returned: a Metadata stand-in if the file is DCP metadata
     counts: dict[str, int]       # records each lane ("sdm", "planner", "sd") matched
@@ -75,7 +74,6 @@ _NEW = rb"\)\x81\x94\}\x94\("   # EMPTY_TUPLE NEWOBJ MEMOIZE EMPTY_DICT MEMOIZE 
 _STR = rb"(\x8c.[^\x94]{0,255}\x94|h.|j....)"
 _INT = rb"(K.|M..|J....|\x8a\x01.|\x8a\x02..|\x8a\x03...|\x8a\x04....|\x8a\x05.{5}|\x8a\x06.{6}|\x8a\x07.{7}" \
        rb"|\x8a\x08.{8})"
-_TOKENS = re.compile(_STR[1:-1], re.S).findall   # the names of a MARK ... TUPLE path, in order
 _TUPLE_N = {0x85: 1, 0x86: 2, 0x87: 3}
 _WIDTH = {0x4B: 1, 0x4D: 2, 0x4A: 4}
 _CONST_STRS = ("properties", "size", "chunks", "offsets", "sizes", "fqn", "offset", "index", "relative_path",
@@ -256,6 +254,7 @@ class _Machine:
                 pos += 1 + k
             elif op == 0x47:   # BINFLOAT
                 self._need(pos + 8, n)
+                import struct   # only here: ~0.3 ms of start-up for an opcode torch's metadata lacks
                 stack.append(struct.unpack(">d", data[pos:pos + 8])[0])
                 pos += 8
             elif op == 0x93:   # STACK_GLOBAL
@@ -314,15 +313,13 @@ class _Machine:
         k = _key(self.memo_len)
         self.memo[self.memo_len] = obj
         self.memo_len += 1
-        if type(obj) is str:
-            if obj in _CONST_STRS:
-                self.consts.setdefault(obj, []).append(k)
+        name = obj if type(obj) is str and obj in _CONST_STRS else \
+            next((n for n, c in _CONST_OBJS.items() if obj is c), None)
+        if name is not None:
+            refs = self.consts.setdefault(name, [])
+            if len(refs) < 4:   # torch memoizes each once; a forged file repeating them cannot make
+                refs.append(k)   # the lanes' regexes grow or recompile without bound (at most 64 times)
                 self.consts_version += 1
-        else:
-            for name, c in _CONST_OBJS.items():
-                if obj is c:
-                    self.consts.setdefault(name, []).append(k)
-                    self.consts_version += 1
 
     @staticmethod
     def _build(inst, state) -> None:
@@ -498,6 +495,7 @@ class _Machine:
         and counted; nothing is pushed, the reader never reads planner_data.  New strings are
         kept: a record the machine reads (one across a FRAME) may name them."""
         data, memo, pmemo, at, n = self.data, self.memo, self.pmemo, self.memo_len, 0
+        tokens = re.compile(_STR[1:-1], re.S).findall   # the names of a MARK ... TUPLE path, in order
         while (m := match(data, pos)) is not None:
             key, t1, t2, t3, op, body = m.groups()
             if op is not None:
@@ -505,7 +503,7 @@ class _Machine:
                 if len(toks) - 1 != _TUPLE_N[op[0]]:
                     break
             else:
-                toks = [key] + _TOKENS(body)
+                toks = [key] + tokens(body)
                 if sum(map(len, toks)) != len(key) + len(body):
                     break
             here, new, bad = at, [], False
