@@ -105,6 +105,19 @@ def _decode_dims(g: bytes):
     return tuple(vals), 1
 
 
+def _token_str(tok: bytes) -> str | None:
+    """The string of a SHORT_BINUNICODE token a lane matched (`\x8c len payload \x94`), decoded as
+    the C unpickler does; None if its length byte disagrees (UnicodeDecodeError if not UTF-8)."""
+    if tok[1] != len(tok) - 3:
+        return None
+    return str(tok[2:-1], "utf-8", "surrogatepass")
+
+
+def plain_name(rel: str) -> bool:
+    """A shard name DCP can mean: a file directly in the checkpoint directory (both readers' check)."""
+    return "/" not in rel and rel not in ("", ".", "..")
+
+
 def _int(raw: bytes) -> int:
     op = raw[0]
     if op == 0x4B:
@@ -395,17 +408,17 @@ class _Machine:
         ti, at, n = self.tensor_cls, self.memo_len, 0
         while (m := match(data, pos)) is not None:
             tok, props, sz, off, szs = m.groups()
-            if tok[1] != len(tok) - 3:
+            try:
+                fqn = _token_str(tok)
+            except UnicodeDecodeError:
+                break
+            if fqn is None:
                 break
             name = props_name.get(props)
             if name is None and (name := self._props(props, at + 4)) is None:
                 break
             s, o, z = dims.get(sz) or self._size(sz), dims.get(off) or self._size(off), dims.get(szs) or self._size(szs)
             if not (s and o and z):
-                break
-            try:
-                fqn = str(tok[2:-1], "utf-8", "surrogatepass")
-            except UnicodeDecodeError:
                 break
             memo[at] = fqn   # storage records name their tensor by this ref
             at += 14 + s[1] + o[1] + z[1]
@@ -443,14 +456,12 @@ class _Machine:
                 break
             try:
                 if ftok[0] == 0x8C:
-                    if ftok[1] != len(ftok) - 3:
-                        break
-                    fqn, fnew = str(ftok[2:-1], "utf-8", "surrogatepass"), 1
+                    fqn, fnew = _token_str(ftok), 1
                 else:
                     i = _index(ftok)
                     fqn, fnew = (memo.get(i) if i < at + 2 else None), 0
-                    if type(fqn) is not str:
-                        break
+                if type(fqn) is not str:
+                    break
                 rel_at = at + 6 + fnew + s[1]
                 rel = rels.get(rtok)
                 if rel is None:
@@ -478,13 +489,11 @@ class _Machine:
         """The shard name of a storage record, new or a kept ref; None if it is not a plain file
         name in the checkpoint directory (the reader's check then words the finding)."""
         if tok[0] == 0x8C:
-            if tok[1] != len(tok) - 3:
-                return None
-            rel = str(tok[2:-1], "utf-8", "surrogatepass")
+            rel = _token_str(tok)
         else:
             i = _index(tok)
             rel = self.memo.get(i) if i < below else None
-        if type(rel) is not str or "/" in rel or rel in ("", ".", ".."):
+        if type(rel) is not str or not plain_name(rel):
             return None
         if tok[0] != 0x8C:
             self.rel_refs[tok] = rel   # kept slots never change: the ref names this string for good
@@ -509,14 +518,14 @@ class _Machine:
             here, new, bad = at, [], False
             for j, tok in enumerate(toks):
                 if tok[0] == 0x8C:
-                    if tok[1] != len(tok) - 3:
-                        bad = True
-                        break
                     try:
-                        new.append(str(tok[2:-1], "utf-8", "surrogatepass"))
+                        v = _token_str(tok)
                     except UnicodeDecodeError:
+                        v = None
+                    if v is None:
                         bad = True
                         break
+                    new.append(v)
                     here += 1
                 else:
                     i = _index(tok)

@@ -11,6 +11,7 @@ import re
 from ..values import value, field
 
 from ..io import dcp_pickle
+from ..io.dcp_pickle import plain_name
 from ..io.unpickle import (BSM, CSM, METADATA, SI, TSM, DType, MetadataIndex, RefusedGlobal, TensorProperties,
                            load_dcp_file, loads_dcp, memory_budget, pickle_budget)
 
@@ -214,7 +215,7 @@ def _parse(load, into: DcpMetadata | None) -> DcpMetadata:
         except AttributeError:
             raise MetadataError("bad storage_data entry") from None
         if type(off) is not int or type(length) is not int or type(rel) is not str \
-                or off < 0 or length < 0 or "/" in rel or rel in ("", ".", ".."):
+                or off < 0 or length < 0 or not plain_name(rel):
             raise MetadataError(f"bad storage record for {fqn!r:.60}: {rel!r:.40} @{off!r}+{length!r}")
         if type(fqn) is not str:
             raise MetadataError("storage record without an fqn")
