@@ -89,14 +89,17 @@ def test_fix_refused_on_an_object_store(megatron_run):
     assert fs.cat_file("/fixrun/" + TRACKER) == b"300"
 
 
+_PT = __import__("ckptdoctor.layouts.dcp_writer", fromlist=["x"]).object_archive(b"\x80\x02}q\x00.")
+
+
 def test_fix_deepspeed_latest(tmp_path):
     root = tmp_path / "ds"
     for s in (3, 6):
         d = root / f"global_step{s}"
         d.mkdir(parents=True)
-        (d / "mp_rank_00_model_states.pt").write_bytes(b"x" * 64)
+        (d / "mp_rank_00_model_states.pt").write_bytes(_PT)   # whole torch.save zips (CKD117)
         for r in range(2):
-            (d / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt").write_bytes(b"x" * 64)
+            (d / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt").write_bytes(_PT)
     os.remove(root / "global_step6" / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
     (root / "latest").write_text("global_step6")
     rc, out, err = cli("verify", "--fix", "--target", "resume", str(root))

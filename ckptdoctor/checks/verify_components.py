@@ -17,6 +17,13 @@ def required_component_missing(ck, eng):
         if not any(match_any(n, (req,)) for n in names):
             yield Hit(ck.path(req), f"{req} is missing ({lay.title})", details={"file": req},
                       hint=_why_required(lay.name, req))
+    for cond in lay.extra.get("required_when", ()):   # required because the save recorded it
+        f = cond["file"]
+        if f not in names and _recorded(ck, cond["recorded_in"], cond["key"]):
+            yield Hit(ck.path(f), f"{f} is missing although {cond['recorded_in']} records "
+                      f"{cond['key']}: {cond['why']}", details={"file": f, "recorded_in": cond["recorded_in"]},
+                      hint="copy the file from the source (a copy that skipped it), or resume from an "
+                           "older checkpoint")
     opt = tuple(lay.extra.get("optimizer_files", ()))
     # siblings of the same family whose commit markers are there (a broken or unreadable sibling
     # proves nothing; CKD901 reports an unreadable one)
@@ -31,8 +38,17 @@ def required_component_missing(ck, eng):
     for f in opt:  # each file the framework resumes optimizer/scheduler state from, by name
         if f in names:
             continue
+        partners = [o for o in opt if o in names]
         having = [c.name for c in peers if f in c.files]
-        if having:
+        if partners and lay.extra.get("optimizer_files_together"):
+            # the Trainer restores optimizer and scheduler only when both files are there: one
+            # alone is dropped with the other, and nothing is logged (transformers 5.23, measured)
+            yield Hit(ck.path(f), f"{f} is missing beside {partners[0]}: resuming here silently restarts both "
+                      f"the optimizer state and the LR schedule",
+                      details={"file": f, "present": partners, **({"peer": having[-1]} if having else {})},
+                      hint="the framework loads them only as a pair; restore the file, or resume from an "
+                           "earlier checkpoint that has both")
+        elif having:
             yield Hit(ck.path(f), f"{f} is missing although {having[-1]} has it: resuming here silently "
                       f"restarts {'the optimizer state' if 'optim' in f else 'the LR schedule'}",
                       details={"file": f, "peer": having[-1]},
@@ -43,12 +59,31 @@ def required_component_missing(ck, eng):
         yield from _rng_set(ck, re.compile(rng), peers, lay.extra.get("rng_name", "rng_state_{rank}.pth"))
 
 
+def _recorded(ck, file: str, key: str) -> bool:
+    """Does the JSON file `file` of the checkpoint hold `key` at its top level?"""
+    import json
+    if file not in ck.files:
+        return False
+    try:
+        doc = json.loads(ck.storage.read(ck.relpath(file), 1 << 20))
+    except (OSError, ValueError, RecursionError):
+        return False   # CKD101 / CKD901 report a missing or unreadable marker
+    return isinstance(doc, dict) and key in doc
+
+
 def _rng_set(ck, rx, peers, fmt: str):
     """Trainer writes rng_state_{process}.pth for every process of a multi-process run: all of them,
     and as many as the sibling checkpoints hold (a missing one: that process resumes with a fresh
     RNG; transformers only logs it)."""
     def ranks(c):
         return {int(m.group("rank")) for n in c.files if (m := rx.match(n)) and m.group("rank") is not None}
+    if not any(rx.match(n) for n in ck.files) and (peers or ck.layout.extra.get("rng_always")):
+        name = ck.layout.extra.get("rng_single") or fmt.format(rank=0)
+        yield Hit(ck.path(name), f"no RNG state file ({name}): the resume starts with a fresh RNG",
+                  severity="warning", details={"file": name},
+                  hint="the framework only logs it (at INFO) and goes on: data order and dropout differ from "
+                       "an uninterrupted run; restore the file if exactness matters")
+        return
     mine = ranks(ck)
     want = max([max(mine) + 1 if mine else 0] + [max(r) + 1 for r in map(ranks, peers) if r])
     missing = [fmt.format(rank=r) for r in range(want) if r not in mine]
@@ -104,38 +139,81 @@ def rank_set_incomplete(ck, eng):
 
 
 def _deepspeed(ck, lay):
+    """The file set DeepSpeed's load_checkpoint opens, from what the tag's own model-states file
+    records (`ds_config.zero_optimization.stage`, `dp_world_size`, `mp_world_size`), else from the
+    files there: ZeRO-1/2 read `mp_rank_{mp}_model_states.pt` plus every data-parallel rank's
+    `zero_pp_rank_{dp}_mp_rank_{mp}_optim_states.pt`; ZeRO-3 writes no `mp_rank_*_model_states.pt`
+    but a `zero_pp_rank_{dp}_mp_rank_{mp}_model_states.pt` per rank beside its optimizer file
+    (measured with deepspeed 0.19.8 on 2 gloo ranks: tests/fixtures/real/deepspeed)."""
     grid_re, model_re = re.compile(lay.extra["grid"]), re.compile(lay.extra["model"])
-    grid: dict[int, set[int]] = {}
-    example: dict[int, str] = {}  # mp -> one of its partition files, to name the missing ones
+    have: dict[str, dict[int, set[int]]] = {"optim": {}, "model": {}}   # kind -> mp -> dp ranks
+    prefix = ""                                                         # "bf16_" when the optimizer wrote it
     models = set()
     for n, e in sorted(ck.files.items()):
         m = grid_re.match(n)
         if m:
-            grid.setdefault(int(m.group("mp")), set()).add(int(m.group("dp")))
-            example.setdefault(int(m.group("mp")), n)
+            have[m.group("kind")].setdefault(int(m.group("mp")), set()).add(int(m.group("dp")))
+            if m.group("kind") == "optim":
+                prefix = m.group("prefix") or ""
         mm = model_re.match(n)
         if mm:
             models.add(int(mm.group("mp")))
         if (m or mm) and e.size == 0:
             yield Hit(ck.path(n), f"{n} is empty (0 bytes): a rank's save did not happen",
                       details={"file": n})
-    if not grid:
-        return
-    want = max(max(s) for s in grid.values()) + 1
-    for mp in sorted(set(grid) | models):
-        have = grid.get(mp, set())
-        missing = sorted(set(range(want)) - have)
-        if missing:
-            ex = example.get(mp) or f"zero_pp_rank_0_mp_rank_{mp:02d}_optim_states.pt"
-            files = [re.sub(r"zero_pp_rank_\d+_", f"zero_pp_rank_{dp}_", ex, count=1) for dp in missing]
-            yield Hit(ck.display, f"model-parallel rank {mp}: ZeRO optimizer files of data-parallel rank(s) "
-                      f"{_list(missing)} missing (have {len(have)} of {want}): {_files(files)}",
-                      details={"mp": mp, "missing_dp": missing, "dp_world": want, "missing_files": files[:100]},
-                      hint="zero_to_fp32 and load_checkpoint need every partition: copy the missing files "
-                           "or resume from another tag")
-    for mp in sorted(set(grid) - models):
-        yield Hit(ck.path(f"mp_rank_{mp:02d}_model_states.pt"), f"mp_rank_{mp:02d}_model_states.pt is missing "
-                  f"while its optimizer partitions exist", details={"mp": mp})
+    rec = _ds_recorded(ck, sorted(n for n in ck.files if model_re.match(n) or
+                                  ((m := grid_re.match(n)) and m.group("kind") == "model")))
+    stage = rec.get("stage")
+    zero3 = bool(have["model"]) if stage is None else stage == 3
+    seen = [dp for k in have.values() for s in k.values() for dp in s]
+    dp_world = rec.get("dp") or (max(seen) + 1 if seen else 0)
+    mp_world = rec.get("mp") or (max([*models, *have["optim"], *have["model"]], default=-1) + 1)
+    wants_optim = bool(have["optim"]) or (stage is not None and stage >= 1)
+    kinds = (["model"] if zero3 else []) + (["optim"] if wants_optim else [])
+    for mp in range(mp_world):
+        if not zero3 and mp not in models:
+            name = f"mp_rank_{mp:02d}_model_states.pt"
+            yield Hit(ck.path(name), f"{name} is missing: load_checkpoint opens it first on every rank",
+                      details={"mp": mp, "file": name},
+                      hint="copy the file from the source, or resume from another tag")
+        for kind in kinds:
+            got = have[kind].get(mp, set())
+            missing = sorted(set(range(dp_world)) - got)
+            if not missing:
+                continue
+            pre = prefix if kind == "optim" else ""
+            files = [f"{pre}zero_pp_rank_{dp}_mp_rank_{mp:02d}_{kind}_states.pt" for dp in missing]
+            yield Hit(ck.path(files[0]), f"model-parallel rank {mp}: ZeRO{'-3' if zero3 else ''} {kind} files of "
+                      f"data-parallel rank(s) {_list(missing)} missing (have {len(got)} of {dp_world}): "
+                      f"{_files(files)}",
+                      details={"mp": mp, "kind": kind, "missing_dp": missing, "dp_world": dp_world,
+                               "zero_stage": stage, "missing_files": files[:100]},
+                      hint="every rank opens its own partition (load_checkpoint raises FileNotFoundError "
+                           "on that rank, and the others can wait in a collective); copy the missing "
+                           "files or resume from another tag")
+
+
+def _ds_recorded(ck, model_files: list[str]) -> dict:
+    """stage / dp / mp as the tag's first readable model-states file records them ({} if none)."""
+    from ..io import ptfile
+    from ..io.unpickle import RefusedGlobal
+    for name in model_files[:1]:
+        try:
+            with ck.storage.open(ck.relpath(name)) as fh:
+                doc = ptfile.read_pt(fh)
+        except (OSError, ptfile.PtError, RefusedGlobal):
+            return {}   # CKD117 / CKD127 say what is wrong with the file
+        if not isinstance(doc, dict):
+            return {}
+        cfg = doc.get("ds_config")
+        zo = cfg.get("zero_optimization") if isinstance(cfg, dict) else None
+        stage = zo.get("stage") if isinstance(zo, dict) else None
+        out = {"stage": stage if isinstance(stage, int) and not isinstance(stage, bool) else None}
+        for k, key in (("dp", "dp_world_size"), ("mp", "mp_world_size")):
+            v = doc.get(key)
+            out[k] = v if isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1 << 20 else None
+        return out
+    return {}
 
 
 def _verl(ck, lay):

@@ -142,6 +142,30 @@ def slice_corrupt(ck, eng):
                       details={"file": rel, "more": len(bad) - 5})
 
 
+@check("CKD133", "checkpoint")
+def storage_record_missing(ck, eng):
+    """Every chunk of every tensor, and every bytes item, must have a storage record: dcp.load looks
+    each one up by MetadataIndex(fqn, offsets) and raises KeyError where there is none (torch 2.13)."""
+    md = _md(ck)
+    if not md:
+        return
+    have = {(s.fqn, s.offset) for s in md.storage}
+    missing = []
+    for fqn, t in md.tensors.items():
+        missing += [(fqn, o) for o, _z in t.chunks if (fqn, tuple(o)) not in have]
+    missing += [(fqn, None) for fqn in sorted(md.byte_keys) if (fqn, None) not in have]
+    for fqn, o in missing[:5]:
+        what = f"tensor {fqn!r} chunk at offsets {list(o)}" if o is not None else f"item {fqn!r}"
+        yield Hit(_mdpath(ck), f"{what} has no storage record: dcp.load raises KeyError "
+                               f"MetadataIndex(fqn={fqn!r}, ...)",
+                  details={"fqn": fqn, "offsets": None if o is None else list(o), "missing_records": len(missing)},
+                  hint="the .metadata is inconsistent with itself (hand-edited, merged, or a custom "
+                       "planner's bug); re-save, or resume from an older checkpoint")
+    if len(missing) > 5:
+        yield Hit(_mdpath(ck), f"{len(missing) - 5} more items without a storage record",
+                  details={"more": len(missing) - 5})
+
+
 @check("CKD106", "checkpoint")
 def stray_shard(ck, eng):
     md = _md(ck)

@@ -1,0 +1,52 @@
+"""The damage matrix shared by the conformance generators and the suite.
+
+A generator writes healthy checkpoints with the real library, applies each case below to a copy, runs
+the real library's load or resume on it and records what happened (tests/fixtures/real/*/outcomes.json).
+The suite applies the same case to a copy of the committed healthy fixture and checks that
+`ckptdoctor verify` agrees with the recorded outcome.  A case is data (an op list), so both sides
+apply it by the same code and nothing is re-described in the test.
+
+Ops, all relative to the run root:
+  ["truncate", path]          cut the file to half its size (a copy or write cut short)
+  ["delete", path]            remove a file (a rank's save that never happened, a copy that skipped it)
+  ["delete_glob", dir, glob]  remove every file of dir matching glob
+  ["write", path, text]       (re)write a small file (a tracker naming something else)
+  ["copy_partial", src, dst, glob]  a newer save killed early: dst holds only src's files matching glob
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+import shutil
+
+
+def apply(root: str, ops: list) -> None:
+    for op in ops:
+        kind, args = op[0], op[1:]
+        if kind == "truncate":
+            p = os.path.join(root, args[0])
+            os.truncate(p, os.path.getsize(p) // 2)
+        elif kind == "delete":
+            os.remove(os.path.join(root, args[0]))
+        elif kind == "delete_glob":
+            d = os.path.join(root, args[0])
+            for n in os.listdir(d):
+                if fnmatch.fnmatchcase(n, args[1]):
+                    os.remove(os.path.join(d, n))
+        elif kind == "write":
+            with open(os.path.join(root, args[0]), "w") as fh:
+                fh.write(args[1])
+        elif kind == "copy_partial":
+            src, dst = os.path.join(root, args[0]), os.path.join(root, args[1])
+            os.makedirs(dst)
+            for n in sorted(os.listdir(src)):
+                if fnmatch.fnmatchcase(n, args[2]):
+                    shutil.copy2(os.path.join(src, n), os.path.join(dst, n))
+        else:
+            raise ValueError(f"unknown damage op {kind!r}")
+
+
+def copy_and_apply(src: str, dst: str, ops: list) -> str:
+    shutil.copytree(src, dst, symlinks=True)
+    apply(dst, ops)
+    return dst

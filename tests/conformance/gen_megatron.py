@@ -1,0 +1,180 @@
+"""Generator: Megatron-Core torch_dist checkpoints written by megatron-core, damaged, labelled by its load.
+
+    python tests/conformance/gen_megatron.py [--out tests/fixtures/real/megatron-core]
+
+Needs the `conformance` extra (megatron-core, torch).  On 2 gloo ranks it saves, with
+`dist_checkpointing.save` (the torch_dist backend), a state dict shaped like a TP=2 model: a tensor
+split on dim 0 and one on dim 1 (each rank writes its shard), a replicated tensor, a per-rank RNG
+ShardedObject (`rng_state/shard_0.{r}_1.2`) and common state (`iteration`), into `iter_0000001/` and
+`iter_0000002/` of a run root, and writes `latest_checkpointed_iteration.txt` after each as
+Megatron-LM's save_checkpoint does.  For each damage case 2 fresh ranks read the tracker the way
+Megatron-LM does (`int(text.strip())`), call `dist_checkpointing.load` on that iteration and compare
+every value with what was saved:
+
+  loads        every rank got back exactly what was saved at that iteration
+  raises       a rank raised (type and text recorded)
+  hangs        a rank was still running after --timeout s
+  wrong-state  loaded, with other values
+
+CPU shim (generator only, never in ckptdoctor): megatron-core 0.16's torch_dist save calls
+`torch.cuda.synchronize()` and `torch.cuda.current_device()` unconditionally; on a CPU-only torch both
+raise, so synchronize becomes a no-op and current_device answers "cpu" (it is only used as the
+device of a 1-element failure flag broadcast over gloo).  Loading needs neither.  psutil must be
+installed beside megatron-core (its async writer imports it on use).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import damage  # noqa: E402
+from gen_deepspeed import WORLD, run_ranks_cmd  # noqa: E402
+
+TRACKER = "latest_checkpointed_iteration.txt"
+
+
+def cases() -> list[dict]:
+    i2 = "iter_0000002"
+    return [
+        {"name": "healthy", "ops": [], "names": None},
+        {"name": "common-pt-missing", "ops": [["delete", f"{i2}/common.pt"]], "names": f"{i2}/common.pt"},
+        {"name": "common-pt-truncated", "ops": [["truncate", f"{i2}/common.pt"]], "names": f"{i2}/common.pt"},
+        {"name": "metadata-json-missing", "ops": [["delete", f"{i2}/metadata.json"]], "names": i2},
+        {"name": "dcp-metadata-missing", "ops": [["delete", f"{i2}/.metadata"]], "names": i2},
+        {"name": "rank1-shard-missing", "ops": [["delete_glob", i2, "__1_*.distcp"]], "names": "__1_"},
+        {"name": "shard-truncated", "ops": [["truncate", f"{i2}/__0_0.distcp"]], "names": f"{i2}/__0_0.distcp"},
+        {"name": "tracker-names-missing-iteration", "ops": [["write", TRACKER, "3"]], "names": TRACKER},
+        {"name": "killed-newer-save", "ops": [["copy_partial", i2, "iter_0000003", "__*.distcp"]], "names": None},
+        {"name": "tracker-at-older-complete-iteration", "ops": [["write", TRACKER, "1"]], "names": None},
+    ]
+
+
+def _cpu_shim() -> None:
+    import torch
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.current_device = lambda: "cpu"   # used as device= of a tensor broadcast over gloo
+
+
+def _state(rank: int, it: int, empty: bool):
+    import torch
+    from megatron.core.dist_checkpointing import ShardedObject, ShardedTensor
+    g = torch.Generator().manual_seed(100 * it + rank)
+
+    def t(*shape):
+        return torch.zeros(*shape) if empty else torch.randn(*shape, generator=g)
+    rep = torch.zeros(3) if empty else torch.arange(3.0) + it
+    return {
+        "fc1.weight": ShardedTensor.from_rank_offsets("fc1.weight", t(4, 6), (0, rank, WORLD)),
+        "fc2.weight": ShardedTensor.from_rank_offsets("fc2.weight", t(6, 4), (1, rank, WORLD)),
+        "norm.weight": ShardedTensor.from_rank_offsets("norm.weight", rep, replica_id=rank),
+        "rng_state": ShardedObject("rng_state", None if empty else {"seed": 1000 * it + rank}, (1, WORLD),
+                                   (0, rank), replica_id=0),
+        "iteration": None if empty else it,
+    }
+
+
+def _plain(sd) -> dict:
+    out = {}
+    for k, v in sd.items():
+        v = getattr(v, "data", v)
+        out[k] = v.tolist() if hasattr(v, "tolist") else v
+    return out
+
+
+def worker(args) -> None:
+    import datetime
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port), RANK=str(args.rank),
+                      WORLD_SIZE=str(WORLD))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout * 4))
+    from megatron.core import dist_checkpointing
+    result: dict = {"rank": args.rank}
+    if args.mode == "save":
+        _cpu_shim()
+        saved = {}
+        for it in (1, 2):
+            d = os.path.join(args.root, f"iter_{it:07d}")
+            if args.rank == 0:
+                os.makedirs(d, exist_ok=True)
+            dist.barrier()
+            sd = _state(args.rank, it, empty=False)
+            saved[str(it)] = _plain(sd)
+            dist_checkpointing.save(sd, d)
+            dist.barrier()
+            if args.rank == 0:
+                with open(os.path.join(args.root, TRACKER), "w") as fh:
+                    fh.write(str(it))
+            dist.barrier()
+        result["saved"] = saved
+    else:
+        try:
+            with open(os.path.join(args.root, TRACKER)) as fh:
+                it = int(fh.read().strip())
+            loaded = dist_checkpointing.load(_state(args.rank, it, empty=True),
+                                             os.path.join(args.root, f"iter_{it:07d}"))
+            result["iteration"] = it
+            result["loaded"] = _plain(loaded)
+        except BaseException as exc:  # noqa: BLE001 - what the real load raised is the label
+            result["raised"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    with open(args.result, "w") as fh:
+        json.dump(result, fh, default=str)
+    if "raised" in result:
+        os._exit(1)
+
+
+def label(results, hung, saved) -> tuple[str, list]:
+    detail = [r.get("raised") if r else "no result (killed or hung)" for r in results]
+    if any(r and "raised" in r for r in results):
+        return ("hangs" if hung else "raises"), detail
+    if hung or any(r is None for r in results):
+        return "hangs", detail
+    for r in results:
+        want = saved[r["rank"]].get(str(r["iteration"]))
+        if want != r["loaded"]:
+            return "wrong-state", [f"rank {r['rank']} iteration {r['iteration']}: loaded other values"]
+    return "loads", detail
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(HERE, "..", "fixtures", "real", "megatron-core"))
+    ap.add_argument("--timeout", type=float, default=90.0)
+    ap.add_argument("--worker"), ap.add_argument("--root"), ap.add_argument("--rank", type=int)
+    ap.add_argument("--port", type=int), ap.add_argument("--result"), ap.add_argument("--stage")
+    args = ap.parse_args()
+    if args.worker:
+        args.mode = args.worker
+        return worker(args)
+    import megatron.core
+    import torch
+    healthy = os.path.join(args.out, "torch_dist")
+    shutil.rmtree(healthy, ignore_errors=True)
+    os.makedirs(healthy)
+    res, hung = run_ranks_cmd(__file__, "save", [], healthy, args.timeout)
+    assert not hung and all(r and "saved" in r for r in res), res
+    saved = [r["saved"] for r in res]
+    doc = {"library": "megatron-core", "version": megatron.core.__version__, "torch": torch.__version__.split("+")[0],
+           "generator": "tests/conformance/gen_megatron.py", "world_size": WORLD,
+           "stages": {"torch_dist": {"root": "torch_dist", "cases": {}}}}
+    for case in cases():
+        with tempfile.TemporaryDirectory() as t:
+            root = damage.copy_and_apply(healthy, os.path.join(t, "run"), case["ops"])
+            res, hung = run_ranks_cmd(__file__, "load", [], root, args.timeout)
+            outcome, detail = label(res, hung, saved)
+            detail = [d.replace(root, "<root>") if isinstance(d, str) else d for d in detail]
+        doc["stages"]["torch_dist"]["cases"][case["name"]] = {"ops": case["ops"], "names": case["names"],
+                                                              "outcome": outcome, "detail": detail}
+        print(f"torch_dist {case['name']}: {outcome} {detail}", flush=True)
+    with open(os.path.join(args.out, "outcomes.json"), "w") as fh:
+        json.dump(doc, fh, indent=1, sort_keys=True)
+        fh.write("\n")
+
+
+if __name__ == "__main__":
+    main()
