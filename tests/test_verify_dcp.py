@@ -285,3 +285,36 @@ def test_shared_shard_buffer_never_hands_out_the_previous_shards_bytes(tmp_path)
             os.close(fd)
     assert got == [True, False, False, False]
     assert tail == b""
+
+
+@pytest.mark.parametrize("drop", ["tensor", "bytes"])
+def test_item_without_storage_record_is_an_error_as_dcp_load_raises(real, drop):
+    """A `.metadata` listing an item whose storage record is gone: shard sizes and zip framing are
+    all fine, yet the real dcp.load raises KeyError MetadataIndex(...) (CKD133, error)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    d = real("dcp_single")
+    victim = {}
+
+    def drop_record(md):
+        byte_keys = {k for k, v in md.state_dict_metadata.items() if not hasattr(v, "chunks")}
+        for idx in list(md.storage_data):
+            if (idx.fqn in byte_keys) == (drop == "bytes"):
+                victim["fqn"] = idx.fqn
+                del md.storage_data[idx]
+                return
+    _edit_metadata(d, drop_record)
+    if "fqn" not in victim:
+        pytest.skip(f"the fixture holds no {drop} item")
+    rep = api.verify(str(d))
+    hit = assert_fires(rep, "CKD133", path_contains=".metadata", severity="error")[0]
+    assert hit.details["fqn"] == victim["fqn"]
+    md = dcp.FileSystemReader(str(d)).read_metadata()
+    sd = {}
+    for k, v in md.state_dict_metadata.items():
+        sd[k] = torch.empty(tuple(v.size), dtype=v.properties.dtype) if hasattr(v, "chunks") else None
+    sd = {k: v for k, v in sd.items() if v is not None or k == victim["fqn"]}
+    if drop == "bytes":
+        sd[victim["fqn"]] = __import__("io").BytesIO()
+    with pytest.raises(BaseException, match="MetadataIndex"):   # CheckpointException is a BaseException
+        dcp.load(sd, checkpoint_id=str(d))
