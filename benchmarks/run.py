@@ -72,13 +72,8 @@ def structural(files=512, entries=200_000, runs=3):
           f"(.metadata as torch writes it: {os.path.getsize(d + '/.metadata') / 1e6:.0f} MB)")
     torch_cmd = [PY, "-c", "import sys, torch.distributed.checkpoint as dcp; "
                  "dcp.FileSystemReader(sys.argv[1]).read_metadata()", d]
-    # the same verify with the memo-free reader switched off: the C unpickler path it falls back to
-    c_path = [PY, "-c", "import sys; from ckptdoctor.layouts import dcp; dcp.FAST = False; "
-              "from ckptdoctor.cli import main; main(['verify', sys.argv[1]])", d]
-    got = alternate({"ours": lambda: timeit(CKD + ["verify", d], 1), "torch": lambda: timeit(torch_cmd, 1),
-                     "c": lambda: timeit(c_path, 1)}, runs)
+    got = alternate({"ours": lambda: timeit(CKD + ["verify", d], 1), "torch": lambda: timeit(torch_cmd, 1)}, runs)
     rows = [("ckptdoctor verify (structural)", combined(got["ours"])),
-            ("ckptdoctor verify, C unpickler path only (dcp.FAST = False)", combined(got["c"])),
             ("torch: import dcp + read_metadata()", combined(got["torch"]))]
     table(rows, "torch: import dcp + read_metadata()")
     base = dict(rows)["torch: import dcp + read_metadata()"]

@@ -149,6 +149,12 @@ def emit(write) -> None:
         raise UsageError(f"cannot write the report to standard output: {exc.strerror or exc}") from None
 
 
+def _positive_timeout(timeout: float) -> None:
+    """--timeout of publish --part: finite and > 0 (nan never gives up, -1 gave up at once)."""
+    if not (0 < timeout < float("inf")):
+        raise UsageError(f"--timeout {timeout}: a finite number of seconds > 0")
+
+
 def _logging(quiet: bool, debug: bool) -> None:
     from .engine import logs
     logs.configure(quiet, debug)
@@ -185,6 +191,10 @@ def verify(
     quarantine: bool = typer.Option(False, "--quarantine", help="With --fix, for families without a tracker "
                                     "(newest directory wins): rename broken newer checkpoints to a name the "
                                     "framework ignores."),
+    dry_run: bool = typer.Option(False, "--dry-run", "-n", help="With --fix: print the repair it would make "
+                                 "and change nothing."),
+    allow_fresh: bool = typer.Option(False, "--allow-fresh", help="With --target resume: an empty run root, "
+                                     "or a run root with nothing to resume from, passes the gate (a new run)."),
     select: list[str] | None = SelectOpt, ignore: list[str] | None = IgnoreOpt,
     fail_on: Level | None = FailOnOpt, severity: list[str] | None = SeverityOpt,
     config: str | None = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
@@ -201,15 +211,18 @@ def verify(
         return _engine("verify", path, c, {"num_experts": num_experts, "mtime_tolerance": mtime_tolerance,
                                            "checksums": checksums or None, "slice": sl, "workers": workers,
                                            "deep": deep or None})
-    if (fix_to is not None or quarantine) and not fix:
-        raise UsageError("--fix-to and --quarantine only make sense with --fix")
+    if (fix_to is not None or quarantine or dry_run) and not fix:
+        raise UsageError("--fix-to, --quarantine and --dry-run only make sense with --fix")
+    if allow_fresh and target.value != "resume":
+        raise UsageError("--allow-fresh only makes sense with --target resume (the relaunch gate)")
     if not fix:
         eng = make_engine()
-        flow.run(path, eng, layout=layout, target=target.value)
+        flow.run(path, eng, layout=layout, target=target.value, allow_fresh=allow_fresh)
     else:
         from .commands import fix as doctor
         eng = doctor.run_and_fix(path, make_engine, layout=layout, target=target.value, fix_to=fix_to,
-                                 quarantine=quarantine, say=lambda line: quiet or _say(f"ckptdoctor: {line}"))
+                                 quarantine=quarantine, dry_run=dry_run, allow_fresh=allow_fresh,
+                                 say=lambda line: quiet or _say(f"ckptdoctor: {line}"))
     _finish(eng, format)
 
 
@@ -306,9 +319,10 @@ def publish(
     def on_term(signum, frame):
         CANCEL.set()
         raise Terminated()
-    old = signal.signal(signal.SIGTERM, on_term)
     if publish_id is not None and part is None:
         raise UsageError("--publish-id goes with --part K/N")
+    _positive_timeout(timeout)
+    old = signal.signal(signal.SIGTERM, on_term)
     try:
         if part is not None:
             from .publishing.parts import PartRefused
@@ -343,6 +357,9 @@ def prune(
     keep_every: int | None = typer.Option(None, "--keep-every", help="Also keep every checkpoint whose step "
                                              "is a multiple of M."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; remove nothing."),
+    fail_on: Level | None = typer.Option(None, "--fail-on", help="Also exit 1 when a kept checkpoint has a "
+                                         "finding at or above this severity (by default prune exits by "
+                                         "its own outcome: 0 when the policy was applied)."),
     format: Fmt = FormatOpt, debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt,
     color: Color = ColorOpt,
 ):
@@ -353,6 +370,7 @@ def prune(
     c = Common(None, None, None, None, None, True, format, debug, quiet, verbose, color)
     eng = _engine("prune", path, c, {"keep_last": keep_last, "keep_every": keep_every})
     flow.run(path, eng, keep_last=eng.opt("keep_last"), keep_every=eng.opt("keep_every"), dry_run=dry_run)
+    eng.report.fail_on = fail_on.value if fail_on else "never"   # a nightly cron fails only when asked to
     _finish(eng, format)
 
 
@@ -466,8 +484,8 @@ def preflight(
     expect = flow.expectation(expect_step, expect_tracker, location)
     if contract and not os.path.lexists(os.path.join(contract, "ckptdoctor.contract.json")):
         raise InputError(f"--contract {contract}: no ckptdoctor.contract.json there")
-    if timeout is not None and timeout < 0:
-        raise UsageError(f"--timeout {timeout}: seconds >= 0 (0: no deadline)")
+    if timeout is not None and (timeout != timeout or timeout < 0 or timeout == float("inf")):
+        raise UsageError(f"--timeout {timeout}: finite seconds >= 0 (0: no deadline)")
 
     def attempt():
         eng = _engine("preflight", location, c, {"ranks_per_node": ranks_per_node, "mem_per_node": mem_per_node})
@@ -705,6 +723,15 @@ def _quiet_stdout() -> None:
         pass
 
 
+def _os_error(exc: BaseException) -> str:
+    if isinstance(exc, OSError):
+        where = exc.filename if exc.filename is not None else ""
+        where = where.decode("utf-8", "backslashreplace") if isinstance(where, bytes) else str(where)
+        where = where.encode("utf-8", "backslashreplace").decode("utf-8")
+        return f"{where + ': ' if where else ''}{exc.strerror or exc}"
+    return f"a name that cannot be encoded ({exc})"
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if args == ["--version"]:  # fast path: no typer/rich import for scripts that probe the version
@@ -732,6 +759,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         raise typer.interrupted() from None
+    except (OSError, UnicodeError) as exc:   # a path the user gave (a symlink loop, a name that is not
+        _say(f"ckptdoctor: {_os_error(exc)}")   # UTF-8, a directory gone): an input error, one line
+        sys.exit(2)
     except Exception as exc:  # never a raw traceback
         if debug:
             import traceback

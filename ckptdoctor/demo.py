@@ -29,15 +29,24 @@ def _items(step: int) -> list[W.Item]:
     return items
 
 
+def _megatron_finalize(d: str, step: int) -> None:
+    """What megatron-core 0.16 writes beside the DCP files: common.pt (rank 0's torch.save of the
+    common state, read by every rank on load) and metadata.json, which records that backend."""
+    import pickle
+    with open(os.path.join(d, "common.pt"), "wb") as fh:
+        fh.write(W.object_archive(pickle.dumps({"iteration": step}, protocol=2)))
+    with open(os.path.join(d, "metadata.json"), "w") as fh:
+        json.dump({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
+                   "common_backend": "torch", "common_backend_version": 1}, fh)
+
+
 def build_run(root: str) -> dict[str, str]:
     """A Megatron torch_dist run root: three iterations, tracker at the newest. Returns faults."""
     os.makedirs(root, exist_ok=True)
     for step in (100, 200, 300):
         d = os.path.join(root, f"iter_{step:07d}")
         W.write(d, _items(step))
-        with open(os.path.join(d, "metadata.json"), "w") as fh:
-            json.dump({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
-                       "common_backend": "torch", "common_backend_version": 1}, fh)
+        _megatron_finalize(d, step)
     with open(os.path.join(root, "latest_checkpointed_iteration.txt"), "w") as fh:
         fh.write("300")
     # fault 1: iteration 300's rank-2 shard was cut short by a full disk during the copy

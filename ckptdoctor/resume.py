@@ -141,7 +141,18 @@ def _canonical(v: Any, path: str) -> bytes:
 
 
 def _key(k: Any) -> str:
-    return str(k).replace("/", "%2F")
+    """A dict key as a path segment, by type and value: int 0 is `0`, str "0" is `'0'` (an optimizer
+    state restored with str keys leaves Adam's moments attached to no parameter; it must not digest
+    like the int-keyed one).  Other str keys stay as they are; other types carry their type name."""
+    if isinstance(k, bool) or not isinstance(k, (int, str)):
+        seg = f"{type(k).__name__}:{k!r}"
+    elif isinstance(k, int):
+        seg = str(k)
+    elif k.lstrip("-").isdigit() or k[:1] in ("'", "#") or ":" in k:
+        seg = f"'{k}'"
+    else:
+        seg = k
+    return seg.replace("%", "%25").replace("/", "%2F")
 
 
 def digest_state(state: Any) -> dict[str, Digest]:
@@ -220,19 +231,38 @@ def whole(obj: Any) -> Digest:
     return Digest("value", h.hexdigest())
 
 
-def rng_state() -> dict[str, Digest]:
-    """The four RNG streams seed 003 §2 names, one digest each."""
+RNG_STREAMS = ("python", "torch_cpu", "torch_cuda", "numpy")
+
+
+def rng_state(streams=RNG_STREAMS) -> dict[str, Digest]:
+    """The RNG streams (python, torch_cpu, torch_cuda, numpy), one digest each; `streams` picks some."""
     import sys
-    out: dict[str, Any] = {"python": random.getstate()}
+    out: dict[str, Any] = {}
+    if "python" in streams:
+        out["python"] = random.getstate()
     torch = sys.modules.get("torch")
     if torch is not None:
-        out["torch_cpu"] = torch.get_rng_state()
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        if "torch_cpu" in streams:
+            out["torch_cpu"] = torch.get_rng_state()
+        if "torch_cuda" in streams and torch.cuda.is_available() and torch.cuda.is_initialized():
             out["torch_cuda"] = list(torch.cuda.get_rng_state_all())
     np = sys.modules.get("numpy")
-    if np is not None:
+    if np is not None and "numpy" in streams:
         out["numpy"] = np.random.get_state()
     return {k: whole(v) for k, v in out.items()}
+
+
+def _streams(rng) -> tuple[str, ...]:
+    """rng=True: every stream; False: none; an iterable of names: those (checked)."""
+    if rng is True:
+        return RNG_STREAMS
+    if rng is False or rng is None:
+        return ()
+    names = tuple(rng) if not isinstance(rng, str) else (rng,)
+    bad = [n for n in names if n not in RNG_STREAMS]
+    if bad:
+        raise ValueError(f"rng={names!r}: unknown stream(s) {bad}; use {', '.join(RNG_STREAMS)}")
+    return names
 
 
 # ---- identity --------------------------------------------------------------------------------------
@@ -294,13 +324,14 @@ def parse(data: bytes, path: str) -> DigestSet:
 
 
 def record(state: Any, ckpt_dir: str, rank: int | None = None, *, world_size: int | None = None,
-           rng: bool = True) -> str:
-    """Digest `state` (plus the RNG streams unless rng=False) and write this rank's digest file
-    inside the checkpoint, atomically.  Rank and world size come from the process group unless
-    given.  Returns its path."""
+           rng=True) -> str:
+    """Digest `state` (plus the RNG streams: rng=True all, False none, or names such as
+    {"torch_cpu", "numpy"}) and write this rank's digest file inside the checkpoint, atomically.
+    Rank and world size come from the process group unless given.  Returns its path."""
     from .io.atomic import replace_file
     r, world = _rank(rank, world_size)
-    items = digest_state({"state": state, **({"rng": rng_state()} if rng else {})})
+    streams = _streams(rng)
+    items = digest_state({"state": state, **({"rng": rng_state(streams)} if streams else {})})
     doc = {"format": FORMAT, "rank": r, "world_size": world, "process": process_identity(),
            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "items": {k: v.to_json() for k, v in sorted(items.items())}}
@@ -322,18 +353,26 @@ def compare(saved: dict[str, Digest], now: dict[str, Digest]) -> tuple[list[str]
     return differing, sorted(saved.keys() - now.keys()), sorted(now.keys() - saved.keys()), detail
 
 
-def check(state: Any, ckpt_dir: str, rank: int | None = None, *, rng: bool = True) -> CheckResult:
-    """After the restore, in the new process: compare `state` (and the RNG streams) item by item
-    with what `record` wrote for this rank.  Raises ResumeMismatch listing every differing,
-    missing and unexpected item; NotAProof when run in the process that saved."""
+def check(state: Any, ckpt_dir: str, rank: int | None = None, *, rng=True,
+          allow_same_process: bool = False) -> CheckResult:
+    """After the restore, in the new process: compare `state` (and the RNG streams: rng=True all that
+    were recorded, False none, or names such as {"torch_cpu"}) item by item with what `record` wrote
+    for this rank.  Raises ResumeMismatch listing every differing, missing and unexpected item.
+
+    Run in the process that saved, the comparison would be of the state with itself, so it raises
+    NotAProof -- unless allow_same_process=True: for a test that really builds fresh objects and
+    restores into them in one process (it then proves the restore code, not the relaunch)."""
     r = rank if rank is not None else _rank(None)[0]
     saved = load(path_for(ckpt_dir, r))
     me = process_identity()
-    if all(saved.process.get(k) == me[k] for k in ("host", "pid", "boot_id", "start_time")):
+    if not allow_same_process and all(saved.process.get(k) == me[k] for k in ("host", "pid", "boot_id", "start_time")):
         raise NotAProof(f"rank {r}: check() runs in the process that saved this checkpoint "
-                        f"(host {me['host']}, pid {me['pid']}): restore in a new process to prove a resume")
-    now = digest_state({"state": state, **({"rng": rng_state()} if rng else {})})
-    differing, missing, unexpected, detail = compare(saved.items, now)
+                        f"(host {me['host']}, pid {me['pid']}): restore in a new process to prove a resume "
+                        f"(a one-process test that builds fresh objects: allow_same_process=True)")
+    streams = _streams(rng)
+    now = digest_state({"state": state, **({"rng": rng_state(streams)} if streams else {})})
+    wanted = {k for k in saved.items if not k.startswith("rng/") or k.split("/", 2)[1] in streams}
+    differing, missing, unexpected, detail = compare({k: saved.items[k] for k in wanted}, now)
     if differing or missing or unexpected:
         raise ResumeMismatch(r, differing, missing, unexpected, detail)
     return CheckResult(r, len(now))

@@ -146,3 +146,96 @@ def test_unreadable_contract_is_an_error_not_a_pass(run):
     assert "phase 0 is malformed" in doc["findings"][0]["message"]
     rc, out, err = cli("preflight", str(run), "--nodelist", "n1", "--ranks-per-node", "1", "-f", "json")
     assert rc == 1 and "CKD510" in {f["rule"] for f in json.loads(out)["findings"]}
+
+
+# ---- issue 37: contracts that cannot be fooled or false-alarmed ------------------------------------
+def test_data_behind_a_symlinked_directory_is_hashed_and_a_cycle_is_refused(tmp_path):
+    from test_family_model import megatron as make_run
+    root = tmp_path / "run"
+    make_run(root)
+    real = tmp_path / "store" / "tokens"
+    real.mkdir(parents=True)
+    (real / "part-0.bin").write_bytes(b"a" * 5000)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "tokens").symlink_to(real)            # the data set lives elsewhere, linked in
+    rc, out, err = cli("contract", "init", str(root), "--data", str(data))
+    assert rc == 0, err
+    phase = json.loads((root / "ckptdoctor.contract.json").read_text())["phases"][0]
+    assert str(data / "tokens" / "part-0.bin") in phase["data"]["files"]
+    assert phase["data"]["links"] == {str(data / "tokens"): str(real)}
+    (real / "part-0.bin").write_bytes(b"b" * 5000)   # re-tokenized in place, behind the link
+    rc, doc, err = check(root)
+    assert rc == 1 and ("CKD512", "part-0.bin", "changed") in changes(doc)
+    (real / "loop").symlink_to(data)               # a cycle: data/tokens/loop -> data
+    rc, out, err = cli("contract", "new-phase", str(root), "--reason", "x", "--data", str(data))
+    assert rc == 2 and "cycle" in err and "Traceback" not in err
+
+
+def _repo(path):
+    path.mkdir(parents=True)
+    (path / "a.py").write_text("x = 1\n")
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    subprocess.run([*GIT, "-C", str(path), "add", "."], check=True)
+    subprocess.run([*GIT, "-C", str(path), "commit", "-qm", "c"], check=True)
+
+
+def test_code_state_sees_nested_repos_and_a_second_edit_in_a_dirty_submodule(tmp_path):
+    from test_family_model import megatron as make_run
+    root, code = tmp_path / "run", tmp_path / "code"
+    make_run(root)
+    _repo(code)
+    _repo(code / "vendor" / "nested")             # an untracked repository inside the code
+    _repo(tmp_path / "libsrc")
+    subprocess.run([*GIT, "-c", "protocol.file.allow=always", "-C", str(code), "submodule", "add", "-q",
+                    str(tmp_path / "libsrc"), "lib"], check=True)
+    subprocess.run([*GIT, "-C", str(code), "commit", "-qam", "sub"], check=True)
+    (code / "lib" / "a.py").write_text("x = 2\n")  # the submodule is dirty before init
+    assert cli("contract", "init", str(root), "--code", str(code))[0] == 0
+    assert check(root)[0] == 0
+    (code / "lib" / "a.py").write_text("x = 3\n")  # a second edit in the already-dirty submodule
+    rc, doc, err = check(root)
+    assert rc == 1 and [c[0] for c in changes(doc)] == ["CKD511"]
+    assert any("lib" in f for f in doc["findings"][0]["details"]["files"])
+    (code / "lib" / "a.py").write_text("x = 2\n")
+    assert check(root)[0] == 0
+    (code / "vendor" / "nested" / "a.py").write_text("x = 9\n")   # an edit inside the nested repo
+    rc, doc, err = check(root)
+    assert rc == 1 and any("vendor/nested" in f for f in doc["findings"][0]["details"]["files"])
+
+
+def test_the_users_git_diff_config_is_no_code_change(run):
+    code = run.parent / "code"
+    (code / "train.py").write_text("print('edited')\n")   # uncommitted, recorded in a new phase
+    assert cli("contract", "new-phase", str(run), "--reason", "hotfix")[0] == 0
+    for key, val in (("diff.noprefix", "true"), ("diff.mnemonicPrefix", "true"), ("color.ui", "always")):
+        subprocess.run([*GIT, "-C", str(code), "config", key, val], check=True)
+        rc, doc, err = check(run)
+        assert rc == 0, (key, doc["findings"])
+
+
+def test_a_hand_edited_contract_is_refused(run):
+    path = run / "ckptdoctor.contract.json"
+    doc = json.loads(path.read_text())
+    doc["phases"][-1]["recipe"] = {}                       # the recipe removed from the newest phase
+    path.write_text(json.dumps(doc))
+    (run.parent / "recipe.yaml").write_text("lr: 0.5\n")
+    rc, doc, err = check(run)
+    assert rc == 1 and [f["rule"] for f in doc["findings"]] == ["CKD510"]
+    assert "edited by hand" in doc["findings"][0]["message"]
+
+
+def test_findings_show_the_recipe_diff(run):
+    (run.parent / "recipe.yaml").write_text("lr: 0.002\n")
+    rc, doc, err = check(run)
+    hit = [f for f in doc["findings"] if f["rule"] == "CKD513"][0]
+    assert hit["details"]["diff"] == ["-lr: 0.001", "+lr: 0.002"] and "+lr: 0.002" in hit["message"]
+
+
+def test_preflight_quick_data_check_catches_a_same_size_retokenization(run):
+    """preflight compares size and mtime before re-hashing: data rewritten at the same size (a new
+    mtime) must still be re-hashed and caught."""
+    shard = run.parent / "data" / "shard-0.bin"
+    shard.write_bytes(os.urandom(shard.stat().st_size))
+    rc, out, err = cli("preflight", str(run), "--nodelist", "n1", "--ranks-per-node", "1", "-f", "json")
+    assert rc == 1 and "CKD512" in {f["rule"] for f in json.loads(out)["findings"]}, err

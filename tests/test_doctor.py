@@ -4,6 +4,7 @@ deleted by --fix; prune never removes the tracker's target, the resume target, t
 checkpoint, or one being written."""
 import json
 import os
+import time
 import subprocess
 import sys
 
@@ -118,6 +119,11 @@ def test_quarantine_for_a_newest_directory_family(tmp_path):
     assert api.verify(str(root)).facts["resume_from"] == "checkpoint-1500"
     rc, out, err = cli("verify", "--fix", str(root))
     assert rc == 2 and "--quarantine" in err and broken.exists()
+    rc, out, err = cli("verify", "--fix", "--quarantine", str(root))   # written just now: a save in progress?
+    assert rc == 2 and "save in progress" in err and broken.exists()
+    old = time.time() - 3600   # the save died an hour ago
+    for p in (broken / "optimizer.pt", broken):
+        os.utime(p, (old, old))
     rc, out, err = cli("verify", "--fix", "--quarantine", "-f", "json", str(root))
     doc = json.loads(out)
     assert rc == 0 and doc["facts"]["resume_from"] == "checkpoint-1000", err

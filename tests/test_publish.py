@@ -26,9 +26,8 @@ def megatron_iter(path, step: int, mb: float = 0.05, ranks: int = 4):
                     [float(step + r)] * (per * 64), rank=r) for r in range(ranks)]
     items.append(W.Item("iteration", None, payload=W.int_payload(step), rank=0))
     W.write(str(path), items)
-    with open(os.path.join(path, "metadata.json"), "w") as fh:
-        json.dump({"sharded_backend": "torch_dist", "sharded_backend_version": 1,
-                   "common_backend": "torch", "common_backend_version": 1}, fh)
+    from ckptdoctor.demo import _megatron_finalize
+    _megatron_finalize(str(path), step)   # common.pt + metadata.json, as megatron-core 0.16 writes them
     return str(path)
 
 
@@ -294,7 +293,7 @@ def test_sigkill_during_replace_and_prune(tmp_path):
 
 # The phases a local publish passes, in order (faults.point); a kill between two of them leaves the
 # state named after the last one reached.
-PHASES = ["start", "copy", "manifest", "rename", "tracker-temp", "tracker", "done"]
+PHASES = ["start", "copy", "manifest", "rename", "lock-wait", "tracker-temp", "tracker", "done"]
 
 
 def test_random_kill_times(tmp_path):

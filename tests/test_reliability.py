@@ -12,7 +12,7 @@ import pytest
 
 from ckptdoctor import api
 from ckptdoctor.layouts import dcp_writer as W
-from helpers import as_unprivileged, assert_fires, cli
+from helpers import as_unprivileged, assert_fires, cli, terminal_sigint
 
 TRACKER = "latest_checkpointed_iteration.txt"
 
@@ -544,3 +544,83 @@ def test_progress_says_elapsed_and_eta_in_one_unit(capsys):
     p(1 << 30)
     line = capsys.readouterr().err.strip()
     assert line == "ckptdoctor: hashing x: 1.00/3.00 GiB (33%), 102 MiB/s, 10 s elapsed, about 20 s left", line
+
+
+# ---- issue 38: no exit 3 from any input ----------------------------------------------------------
+@pytest.mark.parametrize("args", [["verify"], ["verify", "--checksums"], ["verify", "--deep"], ["verify", "--fix"],
+                                  ["prune", "--keep-last", "1"], ["manifest"], ["reconcile"]])
+def test_a_symlink_loop_is_an_input_error_naming_the_path(tmp_path, args):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    rc, out, err = cli(*args, str(tmp_path / "a"))
+    assert rc == 2 and "Traceback" not in err and str(tmp_path / "a") in err and len(err.splitlines()) == 1, err
+
+
+def test_publish_from_a_symlink_loop_is_an_input_error(tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    (tmp_path / "dst").mkdir()
+    rc, out, err = cli("publish", str(tmp_path / "a"), str(tmp_path / "dst"))
+    assert rc == 2 and "Traceback" not in err, err
+
+
+def test_sarif_escapes_a_path_that_is_not_utf8(tmp_path):
+    from ckptdoctor.layouts import dcp_writer
+    d = os.fsdecode(os.path.join(os.fsencode(str(tmp_path)), b"run\xff"))
+    dcp_writer.write(str(tmp_path / "run"), [dcp_writer.Item("w", (2,), offsets=(0,), sizes=(2,))])
+    os.rename(tmp_path / "run", d)   # then named with a byte that is not UTF-8
+    os.truncate(os.path.join(d, "__0_0.distcp"), 10)
+    for fmt in ("sarif", "json"):
+        rc, out, err = cli("verify", "-f", fmt, d)
+        assert rc == 1 and "Traceback" not in err, (fmt, err)
+        assert "%FF" in out or "\\udcff" in out, fmt   # the byte is escaped, not lost
+
+
+@pytest.mark.parametrize("bad", ["nan", "-1", "0", "inf"])
+def test_publish_part_timeout_must_be_finite_and_positive(tmp_path, bad):
+    rc, out, err = cli("publish", "--part", "0/2", "--publish-id", "x", "--timeout", bad, str(tmp_path), str(tmp_path))
+    assert rc == 2 and "--timeout" in err, err
+
+
+def test_part_numbers_are_ascii_digits(tmp_path):
+    rc, out, err = cli("publish", "--part", "\u0660/\u0662", "--publish-id", "x", str(tmp_path), str(tmp_path))
+    assert rc == 2 and "expected K/N" in err, err
+
+
+def test_ctrl_c_at_any_moment_is_one_line_and_130(monkeypatch, capsys):
+    """While the modules load (no command handler exists yet), in a command, or after the verdict."""
+    import ckptdoctor.__main__ as entry
+    import ckptdoctor.cli as cli_mod
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli_mod, "main", boom)
+    monkeypatch.setattr(sys, "argv", ["ckptdoctor", "verify", "x"])
+    import signal
+    old = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit) as exc:
+            entry.run()
+    finally:
+        signal.signal(signal.SIGINT, old)
+    assert exc.value.code == 130 and capsys.readouterr().err == "ckptdoctor: interrupted\n"
+
+
+def test_sigint_while_ckptdoctor_loads_is_130_without_a_traceback(tmp_path):
+    """The interrupt is sent once the interpreter reports (-X importtime) that it imports ckptdoctor's
+    command modules (the entry point's first lines have run): from then on, wherever it lands, the
+    process says one line and ends with 130 (or, when the command already finished, with its
+    verdict).  Before that first line nothing of ckptdoctor runs that could handle it."""
+    import signal
+    p = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "ckptdoctor", "verify", str(tmp_path)],
+                         stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=terminal_sigint)
+    seen = []
+    for line in p.stderr:
+        seen.append(line)
+        if "ckptdoctor." in line:
+            p.send_signal(signal.SIGINT)
+            break
+    out, err = p.communicate(timeout=60)
+    err = "".join(seen) + err
+    assert "Traceback" not in err, err
+    assert p.returncode in (130, 2), p.returncode

@@ -107,3 +107,75 @@ def test_digests_diff_names_ranks_and_items(tmp_path):
     assert rc == 0, out + err
     rc, out, err = cli("digests", "diff", str(tmp_path / "a"), str(tmp_path / "nothing"))
     assert rc == 2 and "nothing" in err and "Traceback" not in err
+
+
+_ADAM_JOB = r"""
+import json, sys, torch
+from ckptdoctor import resume
+mode, d = sys.argv[1], sys.argv[2]
+torch.manual_seed(0)
+model = torch.nn.Linear(3, 2)
+opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+if mode == "save":
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, d + "/ckpt.pt")
+    resume.record({"model": model, "optim": opt}, d, rank=0, world_size=1, rng=False)
+    print("saved")
+else:
+    sd = torch.load(d + "/ckpt.pt", weights_only=True)
+    if mode == "str-keys":   # restored through a JSON-ish path: the param ids became strings
+        sd["optim"]["state"] = {str(k): v for k, v in sd["optim"]["state"].items()}
+    if mode == "reshaped":
+        sd["model"]["weight"] = sd["model"]["weight"].reshape(3, 2).contiguous()
+        model.weight = torch.nn.Parameter(torch.empty(3, 2))
+    model.load_state_dict(sd["model"])
+    opt.load_state_dict(sd["optim"])
+    try:
+        resume.check({"model": model, "optim": opt}, d, rank=0, rng=False)
+        print("proved")
+    except resume.ResumeMismatch as exc:
+        print("mismatch", json.dumps({"differing": exc.differing, "missing": exc.missing,
+                                      "unexpected": exc.unexpected, "detail": exc.detail}))
+"""
+
+
+def _adam(tmp_path, mode):
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-c", _ADAM_JOB, mode, str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    word, _, rest = p.stdout.strip().partition(" ")
+    return word, (json.loads(rest) if rest else None)
+
+
+def test_digests_tell_int_keys_from_str_keys_of_a_real_optimizer(tmp_path):
+    """AdamW restored with str state keys "0", "1" leaves its moments attached to no parameter
+    (torch accepts the dict); the proof must fail, naming the moved items."""
+    assert _adam(tmp_path, "save")[0] == "saved"
+    assert _adam(tmp_path, "same") == ("proved", None)
+    word, got = _adam(tmp_path, "str-keys")
+    assert word == "mismatch"
+    assert "state/optim/state/0/exp_avg" in got["missing"] and "state/optim/state/'0'/exp_avg" in got["unexpected"]
+
+
+def test_a_weight_restored_reshaped_with_the_same_bytes_is_no_proof(tmp_path):
+    assert _adam(tmp_path, "save")[0] == "saved"
+    word, got = _adam(tmp_path, "reshaped")
+    assert word == "mismatch" and got["detail"]["state/model/weight"].startswith("shape [3, 2] now")
+
+
+def test_rng_streams_can_be_chosen_and_same_process_needs_the_explicit_override(tmp_path):
+    from ckptdoctor import resume
+    resume.record({"w": [1, 2]}, str(tmp_path), rank=0, world_size=1, rng={"python"})
+    with pytest.raises(resume.NotAProof, match="allow_same_process"):
+        resume.check({"w": [1, 2]}, str(tmp_path), rank=0, rng={"python"})
+    assert resume.check({"w": [1, 2]}, str(tmp_path), rank=0, rng={"python"}, allow_same_process=True).items == 3
+    assert resume.check({"w": [1, 2]}, str(tmp_path), rank=0, rng=False, allow_same_process=True).items == 2
+    import random
+    random.random()   # the python stream moved: a proof that checks it fails
+    with pytest.raises(resume.ResumeMismatch, match="rng/python"):
+        resume.check({"w": [1, 2]}, str(tmp_path), rank=0, rng={"python"}, allow_same_process=True)
+    with pytest.raises(ValueError, match="unknown stream"):
+        resume.check({"w": [1, 2]}, str(tmp_path), rank=0, rng={"cuda"}, allow_same_process=True)

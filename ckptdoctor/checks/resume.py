@@ -89,10 +89,16 @@ def _changes(sub, kind: str):
     for c in sub.changes(kind):
         what = {"changed": "changed", "added": "was added", "removed": "was removed"}[c.change]
         msg = f"{c.item} {what} since contract phase {sub.phase_index} ({sub.phase_reason})"
-        if c.was and c.now:
+        if c.kind == "recipe" and c.files:   # the diff itself, not two hashes
+            msg += ": " + "; ".join(c.files[:4]) + (f" (+{len(c.files) - 4} more lines)" if len(c.files) > 4 else "")
+        elif c.files:
+            msg += f": {len(c.files)} file(s) differ: " + ", ".join(c.files[:5]) + (" ..." if len(c.files) > 5 else "")
+        elif c.was and c.now:
             msg += f": was {c.was}, now {c.now}"
-        yield Hit(c.item if c.kind != "total_steps" else sub.path, msg, details={"item": c.item, "change": c.change, "was": c.was, "now": c.now,
-                                          "phase": sub.phase_index},
+        yield Hit(c.item if c.kind != "total_steps" else sub.path, msg,
+                  details={"item": c.item, "change": c.change, "was": c.was, "now": c.now,
+                           "phase": sub.phase_index, **({"diff" if c.kind == "recipe" else "files": list(c.files)}
+                                                        if c.files else {})},
                   hint="put it back, or declare the change: ckptdoctor contract new-phase RUN_ROOT --reason ...")
 
 

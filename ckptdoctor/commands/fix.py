@@ -42,30 +42,72 @@ class FixPlan:
 
 
 def run_and_fix(location: str, make_engine, *, layout: str | None, target: str, fix_to: int | None,
-                quarantine: bool, say):
-    """The whole `verify --fix`: judge, plan, say the plan, apply it, judge the repaired run.
-    Returns the engine whose report is the verdict."""
+                quarantine: bool, say, dry_run: bool = False, allow_fresh: bool = False):
+    """The whole `verify --fix`: judge, plan, say the plan, apply it; then judge the repaired run as
+    the relaunch gate does (`target` is only the report's: the exit status is the gate's).
+
+    What is written is decided under the run root's lock (the one publish and prune hold while they
+    move the tracker or delete): a first, read-only judgement finds whether there is anything to do
+    (when not, nothing is written, not even the lock file); then, under the lock, the run root is
+    judged again and the plan made from that judgement alone, so a publish that landed a new
+    checkpoint meanwhile is seen, not undone.  Returns the engine whose report is the verdict."""
     from . import verify as vflow
-    eng = make_engine()
-    rep, runv = vflow.judge(location, eng, layout, target)
-    if runv is None or rep.facts.get("kind") != "run":
-        raise UsageError("--fix repairs a run root (the tracker or the newest directory), not a single checkpoint")
-    p = plan(runv, fix_to, quarantine)
+
+    def judge_and_plan():
+        eng = make_engine()
+        rep, runv = vflow.judge(location, eng, layout, "resume", allow_fresh)
+        if runv is None or rep.facts.get("kind") != "run":
+            raise UsageError("--fix repairs a run root (the tracker or the newest directory), not a single checkpoint")
+        return eng, runv, plan(runv, fix_to, quarantine)
+
+    eng, runv, p = judge_and_plan()
+    if p.to is not None and not dry_run:
+        with _locked(location):
+            eng, runv, p = judge_and_plan()   # the judgement the write is made from
+            if p.to is not None:
+                _say_plan(say, p, False)
+                apply(runv, p)
+        if p.to is not None:
+            eng = make_engine()
+            vflow.run(location, eng, layout=layout, target="resume", allow_fresh=allow_fresh)  # the repaired run
+            eng.report.facts["fixed"] = dict(p.to_json(), applied=True, dry_run=False)
+            return eng
     if p.to is None:
         say(f"verify --fix: nothing to do: {p.reason}")
-        return eng
-    say(f"verify --fix: {p.reason}")
-    for line in p.lines():
-        say(f"  {line}")
-    apply(runv, p)
-    eng = make_engine()
-    vflow.run(location, eng, layout=layout, target=target)  # judge the repaired run
-    eng.report.facts["fixed"] = p.to_json()
+    else:
+        _say_plan(say, p, True)
+    eng.report.facts["fixed"] = dict(p.to_json(), applied=False, dry_run=dry_run)
     return eng
 
 
+def _say_plan(say, p: FixPlan, dry_run: bool) -> None:
+    say(f"verify --fix{' --dry-run' if dry_run else ''}: {p.reason}")
+    for line in p.lines():
+        say(f"  {'would ' if dry_run else ''}{line}")
+
+
+def _locked(location: str):
+    """The run root's lock for a local, writable root (one that cannot be repaired here is judged
+    without it: apply() refuses it with its own message)."""
+    import contextlib
+    if "://" in location and not location.startswith("file://"):
+        return contextlib.nullcontext()
+    root = location[len("file://"):] if location.startswith("file://") else location
+    if not os.path.isdir(root) or not os.access(root, os.W_OK | os.X_OK):
+        return contextlib.nullcontext()
+    return LocalDest(root).lock()
+
+
 def plan(runv: RunView, fix_to: int | None, quarantine: bool) -> FixPlan:
+    """What to change so the framework resumes from a complete checkpoint.  Only a broken, dangling
+    or absent resume target is repaired: a tracker on an older complete checkpoint may be a deliberate
+    rollback (CKD114 reports it) and is left alone unless --fix-to names a step."""
     lay = runv.layout
+    t = lay.tracker
+    has_tracker = t is not None and t.content and not t.monitoring
+    if quarantine and has_tracker:
+        raise UsageError(f"verify --fix --quarantine: {lay.family} resumes from its tracker "
+                         f"({t.file}); --fix repoints it, and nothing is renamed")
     complete = {c.name: c for c in runv.complete() if c.step is not None}
     if fix_to is not None:
         want = next((c for c in complete.values() if c.step == fix_to), None)
@@ -75,13 +117,18 @@ def plan(runv: RunView, fix_to: int | None, quarantine: bool) -> FixPlan:
     else:
         want = runv.newest_complete()
     current = runv.resume_target
+    if fix_to is None and current is not None and current in complete:
+        newer = want.name if want is not None and want.name != current else None
+        return FixPlan(None, reason=f"the framework already resumes from {current}, which is complete"
+                       + (f" ({newer} is newer and complete: a rollback to {current} is left as it is; "
+                          f"--fix-to {want.step} moves it)" if newer else ""))
     if want is None:
-        raise UsageError("verify --fix: no complete checkpoint to resume from; nothing was changed")
-    if current == want.name and fix_to is None:
+        return FixPlan(None, reason="no complete checkpoint to resume from; nothing was changed (the "
+                                    "findings above say why each one is incomplete)")
+    if current == want.name:
         return FixPlan(None, reason=f"the framework already resumes from {want.name}, which is complete")
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    t = lay.tracker
-    if t is not None and t.content and not t.monitoring:
+    if has_tracker:
         old = runv.tracker.value.raw if runv.tracker.value else None
         return FixPlan(want.name, tracker={"file": t.file, "old": old, "new": trackers.render(lay, want.name),
                                            "backup": f"{t.file}.ckptdoctor-bak-{stamp}" if old is not None else None},
@@ -94,11 +141,40 @@ def plan(runv: RunView, fix_to: int | None, quarantine: bool) -> FixPlan:
         if not lay.quarantine:
             raise UsageError(f"verify --fix --quarantine: no quarantine name is known for {lay.family}")
         newer = [c for c in runv.checkpoints if c.step is not None and c.step > want.step]
-        moves = [(c.name, lay.quarantine.format(step=c.step, name=c.name, stamp=stamp)) for c in newer]
+        _refuse_in_flight(newer)
+        moves = [(c.name, lay.quarantine.format(step=c.step, name=c.name, stamp=stamp)) for c in newer
+                 if _real_dir(runv, c.name)]
         return FixPlan(want.name, quarantine=moves,
                        reason=f"the framework would resume from {current or 'nothing'}; quarantining "
                               f"{len(moves)} newer checkpoint(s) makes it resume from {want.name}")
     raise UsageError(f"verify --fix: {lay.family} picks its resume target in a way ckptdoctor cannot change")
+
+
+def _refuse_in_flight(newer) -> None:
+    """A broken checkpoint written to within the in-flight window (the one part publishes use,
+    rules/publish.yaml `parts_stale_seconds`) may be a save in progress -- shards and no marker yet is
+    exactly how one looks -- and is never renamed from under its writer."""
+    from ..layouts.model import age_seconds
+    from ..publishing import naming
+    window = float(naming.config()["parts_stale_seconds"])
+    for c in newer:
+        try:
+            age = age_seconds(c.newest_mtime)
+        except OSError:
+            continue
+        if age is not None and age < window:
+            raise UsageError(f"verify --fix --quarantine: {c.name} was written {age:.0f} s ago and may be a save "
+                             f"in progress; nothing was renamed (run it again once no job writes there, or "
+                             f"{window - age:.0f} s from now)")
+
+
+def _real_dir(runv: RunView, name: str) -> bool:
+    """Only a real directory is ever renamed (never a symlink, a regular file or a FIFO)."""
+    import stat
+    try:
+        return stat.S_ISDIR(os.lstat(runv.storage.abspath(name)).st_mode)
+    except (OSError, NotImplementedError):
+        return False
 
 
 def apply(runv: RunView, p: FixPlan) -> None:
@@ -109,19 +185,19 @@ def apply(runv: RunView, p: FixPlan) -> None:
     if not os.access(root, os.W_OK | os.X_OK):
         raise UsageError(f"verify --fix: {root} is not writable; nothing was changed")
     dest = LocalDest(root)
-    with dest.lock():  # the same lock publish holds while it moves the tracker
-        if p.tracker:
-            path = os.path.join(root, p.tracker["file"])
-            current = dest.read_file(p.tracker["file"])
-            if current is not None:  # the old tracker's exact bytes, kept beside it
-                p.tracker["backup"] = p.tracker["backup"] or f"{p.tracker['file']}.ckptdoctor-bak"
-                write_new(os.path.join(root, p.tracker["backup"]), current)
+    # the caller (run_and_fix) holds the run root's lock: the one publish holds while it moves the tracker
+    if p.tracker:
+        path = os.path.join(root, p.tracker["file"])
+        current = dest.read_file(p.tracker["file"])
+        if current is not None:  # the old tracker's exact bytes, kept beside it
+            p.tracker["backup"] = p.tracker["backup"] or f"{p.tracker['file']}.ckptdoctor-bak"
+            write_new(os.path.join(root, p.tracker["backup"]), current)
 
-            def unchanged():
-                if dest.read_file(p.tracker["file"]) != current:
-                    raise UsageError(f"{path} changed while being repaired; nothing written (run it again)")
-            replace_file(path, p.tracker["new"].encode(), before_rename=unchanged)
-        for a, b in p.quarantine:
-            rename_noreplace(os.path.join(root, a), os.path.join(root, b))
-        if p.quarantine:
-            fsync_dir(root)
+        def unchanged():
+            if dest.read_file(p.tracker["file"]) != current:
+                raise UsageError(f"{path} changed while being repaired; nothing written (run it again)")
+        replace_file(path, p.tracker["new"].encode(), before_rename=unchanged)
+    for a, b in p.quarantine:
+        rename_noreplace(os.path.join(root, a), os.path.join(root, b))
+    if p.quarantine:
+        fsync_dir(root)

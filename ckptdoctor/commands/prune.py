@@ -17,12 +17,14 @@ def run(location: str, engine: Engine, *, keep_last: int | None, keep_every: int
         raise UsageError("--keep-last must be at least 1")
     if keep_every is not None and keep_every < 1:
         raise UsageError("--keep-every must be at least 1")
-    rep, runv = vflow.judge(location, engine)
-    if runv is None or rep.facts.get("kind") != "run":
-        raise UsageError(f"{location}: prune works on a run root (a directory of checkpoints)")
     import contextlib
-    dest = _dest(runv)
-    with (contextlib.nullcontext() if dry_run else dest.lock()):  # a dry run writes nothing, not even the lock
+    dest = _dest(location)
+    # judged under the lock it deletes under (a dry run writes nothing, not even the lock): a publish
+    # or `verify --fix` that moves the tracker meanwhile is waited for, and what it names is protected
+    with (contextlib.nullcontext() if dry_run else dest.lock()):
+        rep, runv = vflow.judge(location, engine)
+        if runv is None or rep.facts.get("kind") != "run":
+            raise UsageError(f"{location}: prune works on a run root (a directory of checkpoints)")
         entries = dest.entries()
         protect: dict[str, str] = {}
         named = runv.tracker.target
@@ -33,7 +35,8 @@ def run(location: str, engine: Engine, *, keep_last: int | None, keep_every: int
         newest = runv.newest_complete()
         if newest:
             protect.setdefault(newest.name, "the newest complete checkpoint")
-        p = retention.plan(entries, runv.layout, keep_last=keep_last, keep_every=keep_every, protect=protect)
+        p = retention.plan(entries, runv.layout, keep_last=keep_last, keep_every=keep_every, protect=protect,
+                           real_dir=dest.real_dir)
         if not dry_run:
             dest.prune(p.removed)
     out = {"dry_run": dry_run, "removed": p.removed, "kept": p.kept}
@@ -41,9 +44,10 @@ def run(location: str, engine: Engine, *, keep_last: int | None, keep_every: int
     return out
 
 
-def _dest(runv):
+def _dest(location: str):
+    from ..io.fs import open_location
     from ..publishing.dest import LocalDest, ObjectDest
-    st = runv.storage
+    st = open_location(location)
     if st.local:
         return LocalDest(st.abspath(""))
     return ObjectDest(st.fs, st.root, st.display)

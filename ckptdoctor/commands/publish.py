@@ -103,16 +103,17 @@ def part_job(src: str, dest_root: str, engine: Engine, pspec, *, name: str | Non
             from ..api import make_engine
             eng = make_engine("verify", tree, ignore=["CKD201"], progress=engine.progress)
             parent = dest.display.rstrip("/")
+            waived = {"CKD201"}
         else:
-            eng = engine
+            eng, waived = engine, set()
         ck = checkpoint_in_run(open_location(parent), base, run_layout)
         if ck is None:
             return None, [f"{tree}: the assembled tree is not a checkpoint any family recognises"]
         status = vflow.check_checkpoint(eng, ck)
         if eng is not engine:
-            engine.report.findings.extend(status.added)
-        errors = [f"{f.rule} {f.name}: {f.message}" for f in status.added if f.severity == "error"]
-        return ck.layout.name, ([] if status.complete or force else errors or list(status.reasons))
+            engine.report.findings.extend(f for f in status.added if not f.hidden)
+        errors = [f"{f.rule} {f.name}: {f.message}" for f in status.added if f.breaks and f.rule not in waived]
+        return ck.layout.name, ([] if not errors or force else errors)
 
     def after(res, tracker_opt, kl, ke):
         pf._after_commit(dest, name, res, tracker_opt, kl, ke)

@@ -18,7 +18,7 @@ def check_checkpoint(engine: Engine, ck: CheckpointView) -> CheckpointStatus:
                                       f"{exc.strerror or exc}", details={"errno": exc.errno}))
         status.complete = False
         status.reasons.append("CKD901 unreadable")
-        status.findings = 1 if f else 0
+        status.findings = 1 if f and not f.hidden else 0
         status.added = [f] if f else []
         return status
     added = []
@@ -31,12 +31,14 @@ def check_checkpoint(engine: Engine, ck: CheckpointView) -> CheckpointStatus:
                 added.append(f)
     added += engine.run_scope("checkpoint", ck)
     added += _nested(engine, ck)
-    status.findings = len(added)
+    status.findings = sum(not f.hidden for f in added)
     status.added = added
-    for f in added:
-        if f.severity == "error":
+    for f in added:   # judged with every rule at its own severity: selection never makes a checkpoint complete
+        if f.breaks:
             status.complete = False
             status.reasons.append(f"{f.rule} {f.name}")
+        elif f.unverified and (f.judged or f.severity) == "error":
+            status.unverified.append(f"{f.rule} {f.name}")
     return status
 
 
@@ -55,15 +57,28 @@ def _nested(engine: Engine, ck: CheckpointView) -> list:
     return added
 
 
-def run(location: str, engine: Engine, layout: str | None = None, target: str = "all") -> Report:
+def run(location: str, engine: Engine, layout: str | None = None, target: str = "all",
+        allow_fresh: bool = False) -> Report:
     """`target`: "all" judges every checkpoint; "resume" (the relaunch gate) lets only the tracker and
     the checkpoint the framework will resume from decide the exit status: findings in other
     checkpoints are kept, as info."""
-    return judge(location, engine, layout, target)[0]
+    return judge(location, engine, layout, target, allow_fresh)[0]
 
 
-def judge(location: str, engine: Engine, layout: str | None = None, target: str = "all"):
+def judge(location: str, engine: Engine, layout: str | None = None, target: str = "all",
+          allow_fresh: bool = False):
     """verify, returning (Report, the RunView or CheckpointView judged, or None)."""
+    rep, view = _judge(location, engine, layout, target, allow_fresh)
+    hidden = engine.report.hidden
+    if hidden:
+        counts: dict[str, int] = {}
+        for f in hidden:
+            counts[f.rule] = counts.get(f.rule, 0) + 1
+        rep.facts["hidden"] = dict(sorted(counts.items()))
+    return rep, view
+
+
+def _judge(location: str, engine: Engine, layout: str | None, target: str, allow_fresh: bool):
     rep = engine.report
     single = _single_file(location, layout)
     if single is not None:  # one .safetensors / .pt / .ckpt file: judged as that file alone
@@ -73,11 +88,21 @@ def judge(location: str, engine: Engine, layout: str | None = None, target: str 
         st = open_location(location)
         found = locate(st, layout)
     if found.kind is None:
-        engine.emit("CKD902", Hit(path=st.display, message=found.misfit or "no known checkpoint layout here "
-                                  "(no marker, shard, tracker or checkpoint directory recognised)",
-                                  details={"forced_layout": layout} if layout else {},
-                                  hint="point at a checkpoint directory or run root, or pass --layout "
-                                       "(see `ckptdoctor layouts`)"))
+        f = engine.emit("CKD902", Hit(path=st.display, message=found.misfit or "no known checkpoint layout here "
+                                      "(no marker, shard, tracker or checkpoint directory recognised)",
+                                      details={"forced_layout": layout} if layout else {},
+                                      hint="point at a checkpoint directory or run root, or pass --layout "
+                                           "(see `ckptdoctor layouts`); a new run with nothing to resume: "
+                                           "--allow-fresh"))
+        if target == "resume":
+            fresh = allow_fresh and _empty(st)
+            if fresh and f is not None:
+                f.details = dict(f.details, gated_from=f.severity)
+                f.severity = "info"
+            rep.facts["target"] = target
+            rep.facts["gate"] = {"passed": fresh, "resume_from": None,
+                                 "why": "nothing to resume: a fresh start (--allow-fresh)" if fresh else
+                                 "no checkpoint here to resume from (--allow-fresh accepts an empty run root)"}
         return rep, None
     kind, view = found.kind, found.view
     if engine.opt("slice"):
@@ -89,6 +114,9 @@ def judge(location: str, engine: Engine, layout: str | None = None, target: str 
         status = check_checkpoint(engine, view)
         rep.facts["checkpoints"] = [_row(status)]
         _slice_stats(rep, [view])
+        if target == "resume":
+            rep.facts["target"] = target
+            rep.facts["gate"] = _gate_verdict(view.name, status)
         return rep, view
     runv: RunView = view
     for ck in runv.checkpoints:
@@ -102,6 +130,20 @@ def judge(location: str, engine: Engine, layout: str | None = None, target: str 
     rep.facts["target"] = target
     if target == "resume":
         _gate_on_resume_target(runv)
+        rt = runv.resume_target
+        if rt is None:
+            rep.facts["gate"] = {"passed": allow_fresh, "resume_from": None,
+                                 "why": "the framework will resume from nothing: " + (
+                                     "a fresh start (--allow-fresh)" if allow_fresh else
+                                     "a fresh start from step 0 (--allow-fresh if that is intended)")}
+        else:
+            rep.facts["gate"] = _gate_verdict(rt, runv.status.get(rt))
+        if st.local:   # the run contract, as preflight checks it (a recipe edited since init fails the gate)
+            from . import contract as cflow
+            import os
+            root = st.abspath("")
+            if os.path.lexists(os.path.join(root, "ckptdoctor.contract.json")):
+                cflow.evaluate(engine, cflow.subject(root, None, quick_data=True))
     for f in rep.findings:  # tell users of a broken checkpoint what to use instead
         if f.severity == "error" and newest and f.path.startswith(st.show("")) and newest.display not in f.path:
             if f.rule in ("CKD101", "CKD102") and not (f.hint or "").endswith("."):
@@ -127,6 +169,29 @@ def _single_file(location: str, layout: str | None):
     view.name = name
     view.display = view.storage.show(name)
     return Located(checkpoint=view)
+
+
+def _empty(st) -> bool:
+    """A run root with nothing in it yet (what --allow-fresh accepts): no entry but dotfiles."""
+    try:
+        return not [e for e in st.listdir("") if not e.name.startswith(".")]
+    except OSError:
+        return False
+
+
+def _gate_verdict(name: str, status: CheckpointStatus | None) -> dict:
+    """The relaunch gate on the checkpoint the framework will load, judged with every rule at its own
+    severity (selection, severity overrides and config never make it pass)."""
+    if status is None:
+        return {"passed": False, "resume_from": name, "why": f"{name} does not exist"}
+    if any(f.rule == "CKD155" for f in status.added):
+        return {"passed": False, "resume_from": name,
+                "why": f"{name} is not a checkpoint of any known family (CKD155): nothing proves it loads"}
+    if not status.complete:
+        return {"passed": False, "resume_from": name,
+                "why": f"{name} is incomplete ({', '.join(status.reasons[:3])})"}
+    return {"passed": True, "resume_from": name, "why": f"{name} is complete" + (
+        f" (unverified: {', '.join(status.unverified[:3])})" if status.unverified else "")}
 
 
 def _gate_on_resume_target(runv: RunView) -> None:
@@ -165,5 +230,5 @@ def _row(s: CheckpointStatus) -> dict:
         size, mtime = None, None
     age = age_seconds(mtime)
     return {"name": c.name, "step": c.step, "layout": c.layout.name if c.layout else None,
-            "complete": s.complete, "why": s.reasons, "bytes": size,
+            "complete": s.complete, "why": s.reasons, "unverified": s.unverified, "bytes": size,
             "age_seconds": round(age, 1) if age is not None else None, "findings": s.findings}

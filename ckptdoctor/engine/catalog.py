@@ -66,6 +66,8 @@ class Rule:
     example: str = ""
     references: tuple[str, ...] = field(default_factory=tuple)
     locked: bool = False   # cannot be deselected or downgraded (the run contract)
+    unverified: bool = False  # its error says "could not be verified" (no manifest, no digest set),
+                              # not "broken": it fails the command but never makes a checkpoint incomplete
 
     @property
     def area(self) -> str:
@@ -90,7 +92,8 @@ def catalog() -> dict[str, Rule]:
             id=doc["id"], name=doc["name"], severity=doc["severity"],
             subcommands=tuple(doc["subcommands"]), summary=doc["summary"].strip(),
             why=doc["why"].strip(), fix=doc["fix"].strip(), example=(doc.get("example") or "").strip(),
-            references=tuple(doc.get("references") or ()), locked=doc.get("locked") is True)
+            references=tuple(doc.get("references") or ()), locked=doc.get("locked") is True,
+                                 unverified=doc.get("unverified") is True)
     return rules
 
 

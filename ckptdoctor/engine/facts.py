@@ -72,6 +72,9 @@ class VerifyFacts(Facts):
     target: Any = UNSET               # "all" | "resume"
     fixed: Any = UNSET                # verify --fix: the plan applied
     pruned: Any = UNSET               # prune: {"dry_run", "removed", "kept"}
+    gate: Any = UNSET                 # --target resume: {"passed", "resume_from", "why"}, judged with every rule
+    hidden: Any = UNSET               # {rule: count} of findings judged but hidden by --select/--ignore/config
+    contract: Any = UNSET             # --target resume: the run contract the gate checked, when there is one
 
 
 class PublishFacts(Facts):

@@ -37,6 +37,15 @@ class Finding:
     message: str
     details: dict[str, Any] = field(default_factory=dict)
     hint: str | None = None
+    judged: str | None = None   # the severity that decides completeness and the gate: the rule's own
+                                # (or the check's grading), never a --severity override or config
+    hidden: bool = False        # deselected (--select/--ignore/config): judged, but not reported
+    unverified: bool = False    # its rule says "could not be verified", not "broken" (catalog `unverified`)
+
+    @property
+    def breaks(self) -> bool:
+        """Does this finding make its checkpoint incomplete, whatever selection and overrides say?"""
+        return (self.judged or self.severity) == "error" and not self.unverified
 
     def to_json(self) -> dict[str, Any]:
         return {"rule": self.rule, "name": self.name, "severity": self.severity, "path": self.path,
@@ -51,6 +60,8 @@ class Report:
     facts: Any = None          # the command's typed facts (engine/facts.py); part of JSON output
     fail_on: str = "error"
     config: str | None = None  # the config file that applied, if any
+    hidden: list[Finding] = field(default_factory=list)  # judged, then hidden by selection
+
 
     def __post_init__(self):
         if self.facts is None:
@@ -65,6 +76,13 @@ class Report:
         return out
 
     def failed(self, fail_on: str | None = None) -> bool:
+        """The exit status: a finding at or above the threshold, or a relaunch gate that did not pass
+        (`verify --target resume` judges the resume target with every rule, whatever is selected)."""
+        gate = self.facts.get("gate") if isinstance(self.facts, dict) or hasattr(self.facts, "FIELDS") else None
+        if isinstance(gate, dict) and gate.get("passed") is False:
+            return True
+        if (fail_on or self.fail_on) == "never":   # prune: findings are reported, its own outcome decides
+            return False
         threshold = RANK[fail_on or self.fail_on]
         return any(RANK[f.severity] >= threshold for f in self.findings)
 

@@ -45,26 +45,26 @@ class Engine:
 
     # -- emitting -------------------------------------------------------------------------
     def emit(self, rule_id: str, hit: Hit) -> Finding | None:
-        """Turn a Hit into a Finding unless the rule is deselected; dedupe exact repeats."""
-        if not self.selection.enabled_rule(rule_id):
-            return None
+        """Turn a Hit into a Finding; dedupe exact repeats (None).  A deselected rule's finding is
+        made all the same and returned (completeness and the gate are judged with every rule), but
+        it goes to `report.hidden`, not into the report: selection filters reporting, never judgement."""
         rule = catalog()[rule_id]
-        sev = self.selection.severity.get(rule_id) or hit.severity or rule.severity
+        judged = hit.severity or rule.severity
         key = (rule_id, hit.path, hit.message)
         if key in self._seen:
             return None
         self._seen.add(key)
-        f = Finding(rule=rule_id, name=rule.name, severity=sev, path=hit.path, message=hit.message,
-                    details=hit.details, hint=hit.hint)
-        self.report.findings.append(f)
+        shown = self.selection.enabled_rule(rule_id)
+        f = Finding(rule=rule_id, name=rule.name, severity=self.selection.severity.get(rule_id) or judged,
+                    path=hit.path, message=hit.message, details=hit.details, hint=hit.hint, judged=judged,
+                    hidden=not shown, unverified=rule.unverified)
+        (self.report.findings if shown else self.report.hidden).append(f)
         return f
 
     def run_scope(self, scope: str, subject, *args) -> list[Finding]:
-        """Run every selected check of `scope` on `subject`; returns the findings it added."""
+        """Run every check of `scope` on `subject`; returns the findings it added (hidden ones too)."""
         added: list[Finding] = []
-        for chk in checks_for(scope):
-            if not self.selection.enabled_rule(chk.rule):
-                continue
+        for chk in checks_for(scope):   # every check runs: a deselected one's findings are judged, then hidden
             try:
                 if _CRASH and _CRASH == chk.rule:  # fault injection for the exit-3 contract test
                     raise RuntimeError("injected crash (CKPTDOCTOR_TEST_CRASH)")

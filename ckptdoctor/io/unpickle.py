@@ -162,8 +162,7 @@ DCP_ALLOW[(f"{DCP}.planner", "LoadItemType")] = _enum_value
 
 def resolve_global(allow: dict, module: str, name: str):
     """What a pickle's global resolves to: its stand-in on the allow-list, a DType for a torch
-    dtype, else RefusedGlobal (the one decision both DCP readers use: this unpickler and
-    io.dcp_pickle's machine)."""
+    dtype, else RefusedGlobal."""
     hit = allow.get((module, name))
     if hit is not None:
         return hit

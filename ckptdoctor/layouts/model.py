@@ -162,6 +162,7 @@ class CheckpointStatus:
     view: CheckpointView
     complete: bool = True
     reasons: list[str] = field(default_factory=list)
+    unverified: list[str] = field(default_factory=list)   # complete, but a check could not be made
     findings: int = 0
     added: list = field(default_factory=list)  # the Findings this checkpoint's checks produced
 

@@ -9,6 +9,7 @@ from ..io.fs import Entry
 from .spec import Layout, TrackerSpec
 
 MAX_TRACKER_BYTES = 64 << 10
+MAX_INT_DIGITS = 4300   # CPython's default int_max_str_digits: int() of a longer string raises ValueError
 
 
 @value(frozen=True)
@@ -46,9 +47,16 @@ def parse(layout: Layout, raw_bytes: bytes) -> TrackerValue:
     if kind in ("int", "int-or-release"):
         if kind == "int-or-release" and stripped == "release":
             return TrackerValue(text, spec.release_dir or "release")
-        if not stripped.isascii() or not stripped.lstrip("-").isdigit():
-            return TrackerValue(text, None, f"tracker holds {stripped[:40]!r}, not an iteration number")
-        step = int(stripped)
+        # exactly what Megatron-LM's and verl's `int(text.strip())` accept: a sign, `_` between digits,
+        # any Unicode decimal digits ("+200", "2_00" and "٢٠٠" are iteration 200); more digits than
+        # CPython converts (4300) raise there too, and are refused here before int() is asked
+        try:
+            if len(stripped) > MAX_INT_DIGITS:
+                raise ValueError
+            step = int(stripped)
+        except ValueError:
+            return TrackerValue(text, None, f"tracker holds {stripped[:40]!r}"
+                                f"{'...' if len(stripped) > 40 else ''}, not an iteration number")
         if step < 0:
             return TrackerValue(text, None, f"tracker holds a negative iteration {step}")
         return TrackerValue(text, layout.tracker_dir(str(step)))

@@ -45,6 +45,7 @@ class LocalDest:
         import time
         path = os.path.join(self.root, naming.LOCK_FILE)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        faults.point("lock-wait")   # the race tests hold the lock and wait for this, then change the root
         try:
             deadline = time.monotonic() + timeout
             while True:
@@ -86,6 +87,13 @@ class LocalDest:
     def prune(self, victims: list[str]) -> None:
         retention.prune(self.root, victims)
 
+    def real_dir(self, name: str) -> bool:
+        import stat
+        try:
+            return stat.S_ISDIR(os.lstat(os.path.join(self.root, name)).st_mode)
+        except OSError:
+            return False
+
 
 class ObjectDest:
     def __init__(self, fs, root: str, display: str):
@@ -111,6 +119,9 @@ class ObjectDest:
 
     def write_tracker(self, name: str, data: bytes) -> None:
         self.fs.pipe_file(f"{self.root}/{name}", data)  # a single PUT: readers see old or new
+
+    def real_dir(self, name: str) -> bool:
+        return True   # a prefix: object stores have no links or special files
 
     def prune(self, victims: list[str]) -> None:
         for victim in victims:  # un-commit first (in-progress object, then manifest), then delete
@@ -142,7 +153,8 @@ def after_commit(dest: Dest, name: str, res, tracker_option: str, keep_last: int
     target = _current_target(dest, layout, entries)
     if target:
         protect.setdefault(target, "the tracker names it")
-    plan = retention.plan(entries, layout, keep_last=keep_last, keep_every=keep_every, protect=protect)
+    plan = retention.plan(entries, layout, keep_last=keep_last, keep_every=keep_every, protect=protect,
+                          real_dir=dest.real_dir)
     dest.prune(plan.removed)
     res.pruned, res.kept = plan.removed, plan.kept
 

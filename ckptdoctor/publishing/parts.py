@@ -65,7 +65,7 @@ class PartSpec:
 
     @classmethod
     def parse(cls, part: str, publish_id: str | None) -> "PartSpec":
-        m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", part or "")
+        m = re.fullmatch(r"\s*([0-9]+)\s*/\s*([0-9]+)\s*", part or "", re.ASCII)   # ASCII digits: "٠/٢" is no part
         if not m:
             raise UsageError(f"--part {part!r}: expected K/N (K counts from 0, e.g. $SLURM_NODEID/$SLURM_NNODES)")
         k, n = int(m.group(1)), int(m.group(2))

@@ -24,9 +24,15 @@ class Pruned:
 
 
 def plan(entries: list[str], layout: Layout, *, keep_last: int | None, keep_every: int | None,
-         protect: dict[str, str]) -> Pruned:
+         protect: dict[str, str], real_dir=None) -> Pruned:
+    """`real_dir(name)`: is the entry a real directory (not a symlink, regular file or special file)?
+    Anything else with a step name is left alone and said so: never renamed, followed or opened."""
     steps = sorted(((layout.steps.step(e), e) for e in entries if layout.steps.step(e) is not None), reverse=True)
     res = Pruned()
+    odd = {n for _, n in steps if real_dir is not None and not real_dir(n)}
+    steps = [(s, n) for s, n in steps if n not in odd]
+    for name in sorted(odd):
+        res.kept[name] = "not a checkpoint directory (a symlink, a regular file or a special file): left alone"
     for i, (step, name) in enumerate(steps):
         why = protect.get(name)
         if why is None and keep_last is not None and i < keep_last:

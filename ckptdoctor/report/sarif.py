@@ -31,7 +31,7 @@ def build(report) -> dict:
     root = _root(report.target)
     results = []
     for f in report.findings:
-        fp = hashlib.sha256(f"{f.rule}\0{f.path}\0{f.message}".encode()).hexdigest()[:32]
+        fp = hashlib.sha256(f"{f.rule}\0{f.path}\0{f.message}".encode("utf-8", "surrogateescape")).hexdigest()[:32]
         loc: dict = {"artifactLocation": _artifact(f.path, root)}
         if "://" not in f.path and os.path.isfile(f.path):  # a line only for a file, never a directory
             loc["region"] = {"startLine": 1}
@@ -58,12 +58,12 @@ def _root(target: str) -> str | None:
     p = os.path.abspath(target[len("file://"):] if target.startswith("file://") else target)
     if os.path.isfile(p):
         p = os.path.dirname(p)
-    return "file://" + quote(p.rstrip("/") + "/")
+    return "file://" + quote(p.rstrip("/") + "/", errors="surrogateescape")
 
 
 def _artifact(path: str, root: str | None) -> dict:
     """Relative to CHECKPOINT when below it; otherwise an absolute file:// (or store) URI."""
-    uri = path if "://" in path else "file://" + quote(os.path.abspath(path))
+    uri = path if "://" in path else "file://" + quote(os.path.abspath(path), errors="surrogateescape")
     if root and (uri + "/").startswith(root):
         rel = uri[len(root):]
         return {"uri": rel or ".", "uriBaseId": "CHECKPOINT"}
@@ -71,5 +71,7 @@ def _artifact(path: str, root: str | None) -> dict:
 
 
 def render(report, out) -> None:
-    json.dump(build(report), out, indent=2, default=str)
+    # ASCII with \u escapes, as --format json writes: a path that is not UTF-8 (its bytes kept as lone
+    # surrogates) is an escape in the document, never an encoding error on the way out
+    json.dump(build(report), out, indent=2, default=str, ensure_ascii=True)
     out.write("\n")

@@ -93,8 +93,18 @@ def render(report, out, plain: bool | None = None) -> None:
         con.print(Text(f"framework will resume from: {rf or 'nothing (starts from step 0)'}", style="bold"))
         con.print(Text(f"newest complete checkpoint: {nc or 'none'}", style="bold"))
         if rf != nc and nc:
-            con.print(Text(f"hint: the framework will not load {nc}; fix the tracker/markers named above "
-                           f"before relaunching", style="yellow"))
+            con.print(Text(f"hint: the framework resumes from {rf or 'nothing'}, not from {nc}, the newest complete "
+                           f"checkpoint; `ckptdoctor verify --fix {report.target}` makes it resume from {nc} "
+                           f"(--dry-run shows how)", style="yellow"))
+    gate = facts.get("gate") if cmd == "verify" else None
+    if gate:
+        con.print(Text(f"relaunch gate: {'pass' if gate['passed'] else 'FAIL'} - {gate['why']}",
+                       style="bold green" if gate["passed"] else "bold red"))
+    hidden = facts.get("hidden") if cmd in ("verify", "prune") else None
+    if hidden:
+        con.print(Text(f"{sum(hidden.values())} finding(s) hidden by --select/--ignore/config ("
+                       + ", ".join(f"{r} x{n}" for r, n in hidden.items()) + "): they still count for "
+                       "completeness and the gate", style="dim"))
     if cmd == "reconcile" and "positions" in facts:
         _reconcile(con, facts)
     if cmd == "publish" and "published" in facts:

@@ -1,0 +1,59 @@
+"""The `.metadata` reader: one parser (the restricted C unpickler), exact on torch's own files, and
+the inputs that once made a second, memo-free reader disagree with it (issue 38) get its verdict."""
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+
+from ckptdoctor import api
+from ckptdoctor.layouts import dcp
+from conftest import needs_torch
+from helpers import assert_fires
+
+FIX = Path(__file__).parent / "fixtures" / "dcp_metadata"
+
+
+@pytest.mark.parametrize("name", ["shapes.metadata", "redump.metadata"])
+def test_torch_written_metadata_reads_on_every_python(name):
+    md = dcp.parse((FIX / name).read_bytes())
+    assert md.tensors and md.storage
+    have = {(s.fqn, s.offset) for s in md.storage}
+    for fqn, t in md.tensors.items():   # every chunk torch wrote has its storage record
+        assert all((fqn, tuple(o)) in have for o, _ in t.chunks), fqn
+    assert all((k, None) in have for k in md.byte_keys)
+
+
+def _edit(d, fn):
+    import torch.distributed.checkpoint.metadata  # noqa: F401 (trusted: the test made this file)
+    md = pickle.loads((d / ".metadata").read_bytes())
+    fn(md)
+    (d / ".metadata").write_bytes(pickle.dumps(md))
+
+
+def _shared_dict_with_junk(md):
+    md.planner_data = md.state_dict_metadata   # pickled once, referenced twice
+    md.state_dict_metadata["x"] = ("p", "q")
+
+
+def _rekeyed(md):
+    sdm = md.state_dict_metadata
+    keys = [k for k, v in sdm.items() if hasattr(v, "chunks")]
+    sdm[None] = sdm[keys[0]]                    # the same record under a second, non-str key
+    sdm[keys[0]] = sdm[keys[-1]]
+
+
+def _negative_length(md):
+    last = list(md.storage_data)[-1]
+    md.storage_data[last].length = -7
+
+
+@needs_torch
+@pytest.mark.parametrize("damage", [_shared_dict_with_junk, _rekeyed, _negative_length])
+def test_hand_assembled_metadata_is_unreadable_not_healthy(real, damage):
+    d = real("dcp_single")
+    _edit(d, damage)
+    rep = api.verify(str(d))
+    assert_fires(rep, "CKD110", path_contains=".metadata", severity="error")
+    assert rep.failed()
