@@ -343,7 +343,12 @@ def publish(
         term = isinstance(exc, Terminated)
         done = ("this part's copy in flight removed (its finished files stay staged for a re-run with the same "
                 "--publish-id), nothing" if part is not None else "staging removed, nothing")
-        _say(f"ckptdoctor: publish {'terminated' if term else 'interrupted'}: {done} published, tracker untouched")
+        from .publishing.dest import MOVED
+        if MOVED:   # the commit and the tracker move were done before the interrupt: say so
+            _say(f"ckptdoctor: publish {'terminated' if term else 'interrupted'} after the commit: the "
+                 f"checkpoint is published and the tracker moved ({'; '.join(MOVED)}); retention may not have run")
+        else:
+            _say(f"ckptdoctor: publish {'terminated' if term else 'interrupted'}: {done} published, tracker untouched")
         raise typer.Exit(143 if term else 130) from None
     finally:
         signal.signal(signal.SIGTERM, old)

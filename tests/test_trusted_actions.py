@@ -238,3 +238,36 @@ def test_quarantine_on_a_tracker_family_is_a_usage_error(run):
     damage.apply(str(run), [["truncate", "iter_0000002/__0_0.distcp"]])
     rc, out, err = cli("verify", "--fix", "--quarantine", str(run))
     assert rc == 2 and "tracker" in err and tracker(run) == "2"
+
+
+def test_sigterm_after_the_tracker_moved_does_not_say_it_is_untouched(run, tmp_path):
+    """publish terminated while it waits right after moving the tracker (forced with the pause
+    hook, not timed): the message says the tracker moved, never 'tracker untouched'."""
+    import signal
+    dest = tmp_path / "dest"
+    shutil.copytree(run, dest)
+    src = tmp_path / "src" / "iter_0000003"
+    shutil.copytree(run / "iter_0000002", src)
+    log = tmp_path / "phases"
+    env = dict(os.environ, CKPTDOCTOR_TEST_PHASE_LOG=str(log), CKPTDOCTOR_TEST_PAUSE_AT="tracker:30")
+    env.pop("CKPTDOCTOR_CONFIG", None)
+    p = subprocess.Popen([sys.executable, "-m", "ckptdoctor", "publish", str(src), str(dest)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(log, "tracker", p)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 143 and tracker(dest) == "3", err
+    assert "tracker untouched" not in err and "tracker moved" in err, err
+
+
+def test_fix_in_a_loop_over_the_demo_run_roots_never_moves_a_tracker_on_a_complete_checkpoint(tmp_path):
+    from ckptdoctor import demo as D
+    root = tmp_path / "demo"
+    D.build_run(str(root))
+    for _ in range(3):
+        rc, out, err = cli("verify", "--fix", "--target", "resume", str(root))
+        assert rc == 0, err
+    assert tracker(root) == "100"   # 300 truncated, 200 interrupted: repointed once, then left alone
+    (root / TRACKER).write_text("100")
+    rc, out, err = cli("verify", "--fix", "--target", "resume", str(root))
+    assert "nothing to do" in err and tracker(root) == "100"

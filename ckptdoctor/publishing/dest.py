@@ -133,6 +133,9 @@ class ObjectDest:
             self.fs.rm(base, recursive=True)
 
 
+MOVED: list[str] = []   # trackers this process has moved (publish's interrupt message reads it)
+
+
 def after_commit(dest: Dest, name: str, res, tracker_option: str, keep_last: int | None,
                  keep_every: int | None) -> None:
     """Tracker (never backwards), then retention.  `res` is the PublishResult to fill in."""
@@ -186,5 +189,6 @@ def _move_tracker(dest: Dest, layout: Layout, name: str, entries: list[str], res
         return
     dest.write_tracker(t.file, new.encode())
     info["written"] = True
+    MOVED.append(f"{info['file']} -> {new}")   # what an interrupt after this point must not deny
     faults.point("tracker")
 
