@@ -57,3 +57,20 @@ def test_hand_assembled_metadata_is_unreadable_not_healthy(real, damage):
     rep = api.verify(str(d))
     assert_fires(rep, "CKD110", path_contains=".metadata", severity="error")
     assert rep.failed()
+
+
+@pytest.mark.parametrize("module", ["numpy", "torch.nn", "builtins"])
+def test_a_dtype_global_from_another_module_is_refused(tmp_path, module):
+    """A dtype is a torch dtype: `numpy.float32` (or any other module's float32) in its place is a
+    refused global (CKD110), never a healthy tensor."""
+    from ckptdoctor.layouts import dcp_writer as W
+    d = tmp_path / "ck"
+    W.write(str(d), [W.Item("w", (2,), (0,), (2,), [1.0, 2.0])])
+    md = d / ".metadata"
+    raw = md.read_bytes()
+    needle = b"ctorch\nfloat32\n"   # the writer's GLOBAL opcode for the dtype
+    assert needle in raw
+    md.write_bytes(raw.replace(needle, b"c" + module.encode() + b"\nfloat32\n", 1))
+    rep = api.verify(str(d))
+    hit = assert_fires(rep, "CKD110", severity="error")[0]
+    assert hit.details.get("refused_global") and "float32" in hit.details["refused_global"]

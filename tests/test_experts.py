@@ -59,3 +59,17 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("saved", [3, 4])
+def test_a_group_that_lost_one_expert_is_an_error(tmp_path, saved):
+    """4 experts expected, 3 saved (an EP group lost one): CKD109 error naming expert 3; all 4: clean."""
+    d = tmp_path / "ck"
+    items = [W.Item(f"layers.0.mlp.experts.{i}.w", (2,), (0,), (2,), [1.0, 2.0], rank=i % 2) for i in range(saved)]
+    W.write(str(d), items)
+    rep = api.verify(str(d), num_experts=4)
+    if saved == 4:
+        assert "CKD109" not in rep.rules()
+    else:
+        hit = assert_fires(rep, "CKD109", severity="error")[0]
+        assert "3 of 4 experts" in hit.message and "[3]" in hit.message

@@ -271,3 +271,20 @@ def test_fix_in_a_loop_over_the_demo_run_roots_never_moves_a_tracker_on_a_comple
     (root / TRACKER).write_text("100")
     rc, out, err = cli("verify", "--fix", "--target", "resume", str(root))
     assert "nothing to do" in err and tracker(root) == "100"
+
+
+def test_prune_never_removes_what_a_newest_directory_family_resumes_from(tmp_path):
+    """Trainer resumes from the highest checkpoint-N even when it is partial: `prune --keep-every`
+    keeps it (and the newest complete one), removes only what no rule protects."""
+    root = tmp_path / "out"
+    for s in (500, 1000, 1500):
+        d = root / f"checkpoint-{s}"
+        d.mkdir(parents=True)
+        (d / "trainer_state.json").write_text(json.dumps({"global_step": s}))
+    (root / "checkpoint-2500").mkdir()
+    (root / "checkpoint-2500" / "model.safetensors").write_bytes(b"")   # died before trainer_state.json
+    rc, out, err = cli("prune", "--keep-every", "1000", "-f", "json", str(root))
+    pr = json.loads(out)["facts"]["pruned"]
+    assert rc == 0 and pr["removed"] == ["checkpoint-500"], err
+    assert "resumes from it" in pr["kept"]["checkpoint-2500"] and (root / "checkpoint-2500").is_dir()
+    assert "newest complete" in pr["kept"]["checkpoint-1500"]
