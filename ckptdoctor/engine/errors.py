@@ -6,12 +6,20 @@ EXIT_USAGE = 2
 EXIT_INTERNAL = 3
 EXIT_TEMPFAIL = 75  # EX_TEMPFAIL: could not evaluate; requeue, do not fail
 
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+
 EXIT_CODES = {
-    EXIT_OK: "no finding at or above --fail-on",
-    EXIT_FINDINGS: "findings at or above --fail-on",
-    EXIT_USAGE: "usage error, bad config, or an input that cannot be read at all",
+    EXIT_OK: "no finding at or above --fail-on (verify --target resume: and the relaunch gate passed; "
+             "prune: the policy was applied)",
+    EXIT_FINDINGS: "findings at or above --fail-on, or the relaunch gate failed (verify --target resume, "
+                   "verify --fix: the resume target is broken, absent, or no checkpoint of a known family)",
+    EXIT_USAGE: "usage error, bad config, or an input that cannot be read at all (a missing path, a symlink "
+                "loop: one line naming it)",
     EXIT_INTERNAL: "internal error (a bug; --debug shows the traceback)",
     EXIT_TEMPFAIL: "could not evaluate for a transient reason (storage unreachable, timeout)",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C); publish removes what it staged first",
+    EXIT_TERMINATED: "terminated (SIGTERM during publish, e.g. scancel or a preemption notice)",
 }
 
 
