@@ -288,3 +288,17 @@ def test_prune_never_removes_what_a_newest_directory_family_resumes_from(tmp_pat
     assert rc == 0 and pr["removed"] == ["checkpoint-500"], err
     assert "resumes from it" in pr["kept"]["checkpoint-2500"] and (root / "checkpoint-2500").is_dir()
     assert "newest complete" in pr["kept"]["checkpoint-1500"]
+
+
+def test_publish_retention_leaves_a_fifo_with_a_step_name_alone(run, tmp_path):
+    """publish --keep-last after its commit: a FIFO named like an old iteration is neither opened
+    (that would hang while holding the lock) nor renamed; it is reported as left alone."""
+    dest = tmp_path / "dest"
+    shutil.copytree(run, dest)
+    os.mkfifo(dest / "iter_0000000")
+    src = tmp_path / "src" / "iter_0000003"
+    shutil.copytree(run / "iter_0000002", src)
+    rc, out, err = cli("publish", "--keep-last", "1", "-f", "json", str(src), str(dest), timeout=120)
+    assert rc == 0, err
+    assert os.path.exists(dest / "iter_0000000") and tracker(dest) == "3"
+    assert not (dest / "iter_0000001").exists()
