@@ -194,7 +194,7 @@ MUTANTS = [
     M("override-changes-completeness", "ckptdoctor/engine/finding.py",
       '        return (self.judged or self.severity) == "error" and not self.unverified',
       '        return self.severity == "error" and not self.unverified',
-      ("tests/test_trusted_actions.py",), "--severity CKD104=info makes a truncated checkpoint complete"),
+      ("tests/test_trusted_actions.py",), "--severity CKD1=info makes a truncated checkpoint complete"),
     M("fix-plans-before-lock", "ckptdoctor/commands/fix.py",
       "            eng, runv, p = judge_and_plan()   # the judgement the write is made from\n", "",
       ("tests/test_trusted_actions.py",), "verify --fix writes from a judgement made before a publish landed"),
