@@ -78,8 +78,8 @@ class Report:
     def failed(self, fail_on: str | None = None) -> bool:
         """The exit status: a finding at or above the threshold, or a relaunch gate that did not pass
         (`verify --target resume` judges the resume target with every rule, whatever is selected)."""
-        gate = self.facts.get("gate") if isinstance(self.facts, dict) or hasattr(self.facts, "FIELDS") else None
-        if isinstance(gate, dict) and gate.get("passed") is False:
+        gate = self.facts.get("gate")   # only VerifyFacts declares it; other commands' facts answer None
+        if gate is not None and gate["passed"] is False:
             return True
         if (fail_on or self.fail_on) == "never":   # prune: findings are reported, its own outcome decides
             return False
