@@ -458,6 +458,9 @@ def preflight(
                                            "[default: LOCATION when it has one]; its rules (CKD51x) always run."),
     total_steps: int | None = typer.Option(None, "--total-steps", help="The total step count this relaunch "
                                               "uses, compared with the run contract (CKD514)."),
+    read_plan: str | None = typer.Option(None, "--read-plan", help="Which ranks held each key at save time "
+                                            "(ckptdoctor.read_plan/v1 JSON, or a manifest holding one; `ckptdoctor "
+                                            "schema read-plan`) [default: the checkpoint manifest's]."),
     select: list[str] | None = SelectOpt, ignore: list[str] | None = IgnoreOpt,
     fail_on: Level | None = FailOnOpt, severity: list[str] | None = SeverityOpt,
     config: str | None = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
@@ -487,6 +490,7 @@ def preflight(
     from .commands import contract as cflow
     from .commands.deadline import bounded
     expect = flow.expectation(expect_step, expect_tracker, location)
+    plan = flow.read_plan(read_plan) if read_plan else None
     if contract and not os.path.lexists(os.path.join(contract, "ckptdoctor.contract.json")):
         raise InputError(f"--contract {contract}: no ckptdoctor.contract.json there")
     if timeout is not None and (timeout != timeout or timeout < 0 or timeout == float("inf")):
@@ -495,7 +499,8 @@ def preflight(
     def attempt():
         eng = _engine("preflight", location, c, {"ranks_per_node": ranks_per_node, "mem_per_node": mem_per_node})
         alloc = flow.allocation(nodelist, eng.opt("ranks_per_node"), rank_map)
-        flow.run(location, eng, alloc, local=local, node=node, allow_fresh=allow_fresh, expect=expect)
+        flow.run(location, eng, alloc, local=local, node=node, allow_fresh=allow_fresh, expect=expect,
+                 read_plan=plan)
         root = contract or (location if "{node}" not in location and "://" not in location else None)
         if root and os.path.lexists(os.path.join(root, "ckptdoctor.contract.json")):
             cflow.evaluate(eng, cflow.subject(root, total_steps, quick_data=True))
@@ -652,14 +657,15 @@ def layouts(format: Fmt = typer.Option(Fmt.text, "--format", "-f", help="Output 
 class SchemaName(str, Enum):
     report = "report"
     run_state = "run-state"
+    read_plan = "read-plan"
 
 
 @app.command(rich_help_panel="Reference")
-def schema(name: SchemaName = typer.Argument(..., help="report (what --format json prints) or run-state "
-                                              "(ckptdoctor.run_state/v1)."),
+def schema(name: SchemaName = typer.Argument(..., help="report (what --format json prints), run-state "
+                                              "(ckptdoctor.run_state/v1) or read-plan (ckptdoctor.read_plan/v1)."),
            format: Fmt = typer.Option(Fmt.json, "--format", "-f", help="Output format (json only)."),
            quiet: bool = QuietOpt, debug: bool = DebugOpt):
-    """Print the JSON Schema of a report or of run_state/v1."""
+    """Print the JSON Schema of a report, of run_state/v1 or of read_plan/v1."""
     import json as _json
 
     from .report.schemas import SCHEMAS

@@ -102,7 +102,7 @@ def test_findings_name_node_ranks_and_the_files_they_lack(saves, tmp_path):
     _, doc = _preflight_failing_ranks(root, ["n1", "n2"], 1)
     (f,) = [f for f in doc["findings"] if f["rule"] == "CKD401"]
     assert f["details"]["node"] == "n1" and f["details"]["ranks"] == [0]
-    assert f["details"]["files"] == ["__1_0.distcp"] and "__1_0.distcp exists on n2" in f["hint"]
+    assert f["details"]["files"] == ["__1_0.distcp"] and "__1_0.distcp is on n2" in f["hint"]
 
 
 def test_per_rank_metadata_without_a_global_one(fixture_root, tmp_path):
@@ -121,3 +121,119 @@ def test_per_rank_metadata_without_a_global_one(fixture_root, tmp_path):
     os.remove(root / "n2" / "__3_0.distcp")
     said, doc = _preflight_failing_ranks(root, ["n1", "n2"], 2)
     assert said == {3} == _load_failing_ranks(root, ["n1", "n2"], 2, tmp_path), doc["findings"]
+
+
+# ---- issue 36: a rank reads only the keys of its own load state dict --------------------------------
+JOB_CASES = [  # kind, saved world, nodes of the new allocation, ranks per node
+    pytest.param("rank-keys", 2, ["n1", "n2"], 1, id="rank-unique-keys"),
+    pytest.param("fsdp2-dl", 2, ["n1", "n2"], 1, id="fsdp2-adamw-per-rank-dataloader"),
+    pytest.param("fsdp2-dl-lowest", 2, ["n1", "n2"], 1, id="fsdp2-dataloader-dedup-to-lowest"),
+    pytest.param("rows-rank-keys", 4, ["n1", "n2"], 1, id="reshard-4-to-2-per-rank-keys"),
+    pytest.param("dp-groups", 4, ["n1", "n2"], 2, id="dp-groups-name-is-not-the-rank"),
+]
+
+
+@pytest.fixture(scope="module")
+def job_saves(tmp_path_factory):
+    base = tmp_path_factory.mktemp("jobsaves")
+    made = {}
+
+    def get(kind: str, world: int) -> Path:
+        if kind not in made:
+            made[kind] = base / kind
+            _run("save", kind, made[kind], world, "record")  # through ManifestWriter: the read plan recorded
+        return made[kind]
+    return get
+
+
+def _splits(src: Path, saved: int, nodes: list[str]) -> dict[str, dict[str, list[str]]]:
+    """Layouts to load: every node with every file; each node with only its own saved ranks' files;
+    and every file removed from one node at a time."""
+    shards = sorted(f.name for f in src.iterdir() if f.name.endswith(".distcp"))
+    per = max(1, saved // len(nodes))
+    out = {"full": {n: shards for n in nodes},
+           "own": {n: [f for f in shards if int(f[2:].split("_")[0]) // per == i] for i, n in enumerate(nodes)}}
+    for n in nodes:
+        for f in shards:
+            out[f"{n}-without-{f}"] = {m: [x for x in shards if not (m == n and x == f)] for m in nodes}
+    return out
+
+
+def _preflight_ranks(root: Path, nodes: list[str], per: int, *extra) -> tuple[set[int], set[int], dict]:
+    rc, out, err = cli("preflight", f"{root}/{{node}}", "--nodelist", ",".join(nodes), "--ranks-per-node",
+                       str(per), "-f", "json", *extra)
+    assert "Traceback" not in err, err
+    doc = json.loads(out)
+    errors = {r for f in doc["findings"] if f["severity"] == "error" and f["rule"] in ("CKD401", "CKD402", "CKD403")
+              for r in f["details"].get("ranks", [])}
+    warned = {r for f in doc["findings"] if f["rule"] == "CKD411" for r in f["details"]["ranks"]}
+    assert all(f["severity"] == "warning" for f in doc["findings"] if f["rule"] == "CKD411"), doc["findings"]
+    assert (rc == 0) == (not errors), (rc, doc["findings"])
+    return errors, warned, doc
+
+
+@pytest.mark.parametrize("kind, saved, nodes, per", JOB_CASES)
+def test_preflight_equals_each_ranks_real_load_with_and_without_a_recorded_plan(job_saves, tmp_path, kind, saved,
+                                                                               nodes, per):
+    """Every layout is loaded for real (each rank from its own node's copy, asking for its own keys);
+    preflight with the save's recorded read plan names exactly the ranks whose load fails; without it
+    (evidence from the names) it never errors on a rank that loads and never stays silent on one that
+    does not (an undecided key may warn, CKD411)."""
+    src = job_saves(kind, saved)
+    splits = _splits(src, saved, nodes)
+    dirs = {}
+    for case, layout in splits.items():
+        for n, files in layout.items():
+            d = tmp_path / case / n
+            d.mkdir(parents=True)
+            for f in [".metadata", *files]:
+                shutil.copy2(src / f, d / f)
+        dirs[case] = [str(tmp_path / case / n) for n in nodes for _ in range(per)]
+    (tmp_path / "cases.json").write_text(json.dumps(list(dirs.values())))
+    _run("loads", tmp_path / "loads.json", kind, len(nodes) * per, tmp_path / "cases.json")
+    failed = dict(zip(dirs, (set(x) for x in json.loads((tmp_path / "loads.json").read_text())["failed_ranks"])))
+    assert failed["full"] == set(), "every node holding every file must load"
+    assert any(failed.values()), "some layout here strands a rank: the test cannot pass vacuously"
+    assert any(not failed[c] for c in splits if c != "full"), "some partial layout loads: false alarms are tested"
+    for case in splits:
+        root = tmp_path / case
+        errors, warned, doc = _preflight_ranks(root, nodes, per)            # evidence only
+        assert errors <= failed[case], (case, "false alarm", failed[case], doc["findings"])
+        assert failed[case] <= errors | warned, (case, "false pass", failed[case], doc["findings"])
+        if kind != "dp-groups":  # names that carry the global rank decide exactly
+            assert (errors, warned) == (failed[case], set()), (case, failed[case], doc["findings"])
+        elif case == "n1-without-__2_0.distcp":  # a data-parallel rank in the name: undecided, said so
+            assert not errors and warned == {0, 1}, doc["findings"]
+        for n in nodes:
+            shutil.copy2(src / "ckptdoctor.manifest.json", root / n / "ckptdoctor.manifest.json")
+        errors, warned, doc = _preflight_ranks(root, nodes, per)            # the recorded plan
+        assert (errors, warned) == (failed[case], set()), (case, failed[case], doc["findings"])
+        nodes_named = {f["details"]["node"] for f in doc["findings"] if f["rule"] in ("CKD401", "CKD403")}
+        assert nodes_named == {n for i, n in enumerate(nodes) if set(range(i * per, (i + 1) * per)) & failed[case]}
+    if kind == "rank-keys":
+        assert failed["own"] == {0}          # the replicated `step` and `shared.w` sit in __1_0 only
+        assert failed["n1-without-__1_0.distcp"] == {0} and failed["n2-without-__0_0.distcp"] == set()
+    if kind == "rows-rank-keys":
+        assert failed["n1-without-__3_0.distcp"] == set()   # old rank 3's keys are never read at world 2
+    if kind == "dp-groups":  # dp_rank_0 in __0_0 (read by ranks 0,1), dp_rank_1 in __2_0 (ranks 2,3)
+        assert failed["n1-without-__2_0.distcp"] == set() and failed["n1-without-__0_0.distcp"] == {0, 1}
+
+
+def test_read_plan_file_decides_what_a_manifestless_copy_cannot(job_saves, tmp_path):
+    """--read-plan FILE gives the save's record from elsewhere (a copy without the manifest): the
+    dp-groups split that evidence can only warn about is decided exactly."""
+    src = job_saves("dp-groups", 4)
+    for n, ranks in (("n1", (0, 1)), ("n2", (2, 3))):
+        (tmp_path / "nodes" / n).mkdir(parents=True)
+        for f in src.iterdir():
+            if f.name == ".metadata" or (f.name.endswith(".distcp") and int(f.name[2:].split("_")[0]) in ranks):
+                shutil.copy2(f, tmp_path / "nodes" / n / f.name)
+    errors, warned, _ = _preflight_ranks(tmp_path / "nodes", ["n1", "n2"], 2)
+    plan = json.loads((src / "ckptdoctor.manifest.json").read_text())["read_plan"]
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    errors2, warned2, doc = _preflight_ranks(tmp_path / "nodes", ["n1", "n2"], 2, "--read-plan", str(tmp_path / "plan.json"))
+    (tmp_path / "cases.json").write_text(json.dumps([[str(tmp_path / "nodes" / n) for n in ("n1", "n1", "n2", "n2")]]))
+    _run("loads", tmp_path / "loads.json", "dp-groups", 4, tmp_path / "cases.json")
+    (failed,) = json.loads((tmp_path / "loads.json").read_text())["failed_ranks"]
+    assert (errors2, warned2) == (set(failed), set()), doc["findings"]
+    assert errors <= set(failed) <= errors | warned

@@ -29,14 +29,20 @@ def rank_files_missing(pf, eng):
             by_node.setdefault(g.node, []).append(g)
         for node, gaps in by_node.items():
             ranks = sorted({r for g in gaps for r in g.ranks})
+            per_rank: dict[int, list[str]] = {}
+            for g in gaps:
+                for r in g.ranks:
+                    per_rank.setdefault(r, []).append(g.rel)
             unreadable = [g.rel for g in gaps if g.why == "unreadable"]
             what = "missing" if not unreadable else "unreadable" if len(unreadable) == len(gaps) else \
                 "missing or unreadable"
             yield Hit(gaps[0].path, f"node {node}: {len(gaps)} shard file(s) of {v.name or 'the checkpoint'} "
                       f"{what} for {_ranks(ranks)} (e.g. {gaps[0].rel})", severity=_sev(pf, name),
                       details={"node": node, "checkpoint": v.name, "ranks": ranks,
-                               "files": [g.rel for g in gaps][:50], "unreadable": unreadable[:50]},
-                      hint=_where_else(pf, name, gaps))
+                               "files": [g.rel for g in gaps][:50], "unreadable": unreadable[:50],
+                               "files_by_rank": {str(r): sorted(fs)[:50] for r, fs in list(per_rank.items())[:100]},
+                               "key_model": v.key_model},
+                      hint=_where_else(pf, name, [g.rel for g in gaps], node))
     for step, d in pf.nvrx.items():
         if d["owners_missing"]:
             name = f"iter_{step:07d}"
@@ -47,14 +53,31 @@ def rank_files_missing(pf, eng):
                            "allocation; fall back to an older iteration or the persistent checkpoint")
 
 
-def _where_else(pf, name, gaps) -> str:
-    others = [n for n in pf.nodes_checked if n != gaps[0].node and not pf.shared
-              and name in pf.views[n].checkpoints and gaps[0].rel in pf.views[n].checkpoints[name].files]
-    if others:
-        return f"{gaps[0].rel} exists on {compress(others)}: the ranks moved to another node; copy the " \
-               f"files over or keep the old node in the allocation"
-    return "these shards live only on a node outside this allocation (or nowhere): copy them from " \
-           "the old node set or from durable storage before relaunching"
+def _where_else(pf, name, rels: list[str], node: str) -> str:
+    """Where the files a node lacks are: on other nodes of this allocation, nowhere in it, or (with
+    --local, which sees one node) unknown."""
+    if pf.local:
+        return (f"this node does not hold them; --local sees only this node, so they may be on another node "
+                f"of the allocation or outside it: copy them here, or judge the whole allocation "
+                f"(preflight --views, or LOCATION with {{node}})")
+    if pf.shared:
+        return "restore them on the shared storage (from the old node set or durable storage) before relaunching"
+    held: dict[str, list[str]] = {}
+    for n in pf.nodes_checked:
+        ck = pf.views[n].checkpoints.get(name) if n != node else None
+        for rel in rels if ck else ():
+            if rel in ck.files:
+                held.setdefault(rel, []).append(n)
+    nowhere = [r for r in rels if r not in held]
+    parts = [f"{rel} is on {compress(ns)}" for rel, ns in list(held.items())[:3]]
+    if len(held) > 3:
+        parts.append(f"{len(held) - 3} more on other nodes of this allocation")
+    if nowhere:
+        parts.append(f"{len(nowhere)} file(s) (e.g. {nowhere[0]}) are on no node of this allocation: copy them "
+                     f"from the old node set or from durable storage")
+    if held:
+        parts.append("the ranks moved to another node: copy the files over or keep the old rank placement")
+    return "; ".join(parts)
 
 
 @check("CKD402", "preflight")
@@ -72,11 +95,12 @@ def rank_file_short(pf, eng):
 def global_file_missing(pf, eng):
     for name, v in pf.verdicts.items():
         for g in v.global_missing:
-            yield Hit(g.path, f"node {g.node}: {g.rel} of {v.name or 'the checkpoint'} is "
-                      f"{'missing' if g.why == 'missing' else 'unreadable (permission denied)'}, and "
+            why = {"missing": "missing", "unreadable": "unreadable (permission denied)"}.get(g.why, g.why)
+            yield Hit(g.path, f"node {g.node}: {g.rel} of {v.name or 'the checkpoint'} is {why}, and "
                       f"every rank on the node reads it ({_ranks(g.ranks)})", severity=_sev(pf, name),
-                      details={"node": g.node, "checkpoint": v.name, "file": g.rel, "ranks": g.ranks},
-                      hint="global files must be on every node (or on shared storage)")
+                      details={"node": g.node, "checkpoint": v.name, "file": g.rel, "ranks": g.ranks, "why": g.why},
+                      hint="global files must be on every node (or on shared storage)" if g.why == "missing" else
+                      "replace it with a regular, readable copy of the file (verify says what is wrong with it)")
     for node in pf.nodes_checked:
         view = pf.views[node]
         if view.kind == "run" and view.tracker_file and view.tracker is None and pf.any_tracker:
@@ -235,3 +259,18 @@ def host_memory_budget(pf, eng):
                            "memory_bytes": mem.bytes, "memory_source": mem.source, "ratio": round(ratio, 3)},
                   hint="the node would be OOM-killed during the load after the allocation was granted: use more "
                        "nodes (fewer ranks per node), nodes with more memory, or a load that streams")
+
+
+@check("CKD411", "preflight")
+def read_set_undecided(pf, eng):
+    """A file some ranks may read is missing on their node, and the checkpoint's metadata alone cannot
+    say whether they read it (no read plan was recorded at save time)."""
+    for name, v in pf.verdicts.items():
+        for g in v.undecided:
+            yield Hit(g.path, f"node {g.node}: {g.rel} of {v.name or 'the checkpoint'} is not there, and "
+                      f"{_ranks(g.ranks)} may read it for {g.keys[0]!r}"
+                      + (f" (+{len(g.keys) - 1} more keys)" if len(g.keys) > 1 else "") + f": {g.why}",
+                      details={"node": g.node, "checkpoint": v.name, "file": g.rel, "ranks": g.ranks,
+                               "keys": g.keys, "why": g.why},
+                      hint="record the read plan at save time (ckptdoctor.integrations.dcp.ManifestWriter, or "
+                           "--read-plan FILE), or copy the file to this node to be safe")

@@ -112,8 +112,19 @@ def expectation(step: int | None, tracker_file: str | None, location: str):
     return Expectation(int(m.group(1)), f"--expect-tracker {tracker_file}")
 
 
+def read_plan(path: str):
+    """--read-plan FILE: a ckptdoctor.read_plan/v1 record (or a manifest holding one); bad input is one line."""
+    from ..preflight import readsets
+    try:
+        return readsets.load_read_plan(read_regular(path, readsets.MAX_READ_PLAN_BYTES), path)
+    except OSError as exc:
+        raise InputError(f"--read-plan {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise InputError(f"--read-plan {path}: {exc}") from None
+
+
 def run(location: str, engine: Engine, alloc: Allocation, local: bool = False, node: str | None = None,
-        allow_fresh: bool = False, expect=None) -> Preflight:
+        allow_fresh: bool = False, expect=None, read_plan=None) -> Preflight:
     from ..preflight import memory
     shared = "{node}" not in location and not local  # --local: LOCATION is this node's own copy
     me = None
@@ -131,7 +142,7 @@ def run(location: str, engine: Engine, alloc: Allocation, local: bool = False, n
         for n in ([me] if me else alloc.nodes):
             views[n] = open_view(n, node_location(location, n))
     pf = Preflight(alloc, views, shared, local=me, parse_metadata=True, display=location,
-                   allow_fresh=allow_fresh, expect=expect,
+                   allow_fresh=allow_fresh, expect=expect, read_plan=read_plan,
                    memory=memory.node_memory([me] if me else alloc.nodes, engine.opt("mem_per_node"), me),
                    memory_model=memory.Model(engine.opt("memory_copy_factor", 1.0), engine.opt("memory_pinned", True)))
     engine.run_scope("preflight", pf)

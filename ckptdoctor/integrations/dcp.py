@@ -11,6 +11,10 @@ every rank's files plus the `.metadata` bytes it is about to write -- durably, *
 so the commit marker stays last.  `verify --checksums` and `publish` (one node or `--part`) then
 check content without a second read pass at save time.
 
+It also records which ranks held each key in their local save plans before deduplication
+(`read_plan`, ckptdoctor.read_plan/v1): `preflight` then knows exactly which files each rank of a
+same-size allocation reads, instead of telling per-rank keys from replicated ones by evidence.
+
 If anything makes the in-flight digests untrustworthy (a stream that seeks backwards, a rank whose
 digests are missing), no manifest is written and `verify --checksums` fails closed ("no manifest").
 """
@@ -41,6 +45,7 @@ class RankDigests:
     rank: int | None
     files: dict[str, tuple[int, list[str]]] = field(default_factory=dict)
     broken: list[str] = field(default_factory=list)
+    keys: list[str] | None = None   # the keys of this rank's local save plan, before deduplication
 
 
 class _HashingStream:
@@ -121,6 +126,7 @@ class ManifestWriter(FileSystemWriter):
         super().__init__(path, *args, **kwargs)
         self._lock = threading.Lock()
         self._mine = RankDigests(None)
+        self._keys: list[str] | None = None
         self.fs = _HashingFS(self.fs, self.path, self._record)
 
     def reset(self, checkpoint_id=None) -> None:
@@ -137,8 +143,16 @@ class ManifestWriter(FileSystemWriter):
             if broken:
                 self._mine.broken.append(name)
 
+    def prepare_local_plan(self, plan):
+        """The rank's own plan, before the coordinator deduplicates replicated items: the keys this
+        rank holds, which are the keys it will ask for on a load at the same world (preflight's
+        read plan).  A cached plan (`usable=False`) repeats the previous save's keys."""
+        if getattr(plan, "usable", True):
+            self._keys = list(dict.fromkeys(item.index.fqn for item in plan.items))
+        return super().prepare_local_plan(plan)
+
     def write_data(self, plan, planner):
-        self._mine = RankDigests(getattr(self, "rank", None))
+        self._mine = RankDigests(getattr(self, "rank", None), keys=self._keys)
         fut = super().write_data(plan, planner)
         results = fut.value()
         from torch.futures import Future
@@ -187,8 +201,12 @@ class ManifestWriter(FileSystemWriter):
         cd.feed(md)
         files[".metadata"] = len(md)
         digests.update({(".metadata", i): d for i, d in enumerate(cd.finish())})
+        extra = None
+        if all(rd.keys is not None for rd in ranks):  # which ranks held each key: preflight's exact read sets
+            from ..preflight.readsets import read_plan_record
+            extra = {"read_plan": read_plan_record(world, [rd.keys for rd in ranks])}
         doc = mf.build(files, digests, chunk_bytes=CHUNK_BYTES, layout="dcp",
-                       tool=f"ckptdoctor {__version__} ManifestWriter", nodes=mf.writer_nodes())
+                       tool=f"ckptdoctor {__version__} ManifestWriter", nodes=mf.writer_nodes(), extra=extra)
         replace_file(os.path.join(str(self.path), mf.NAME), doc)  # durable, and before .metadata
 
     def _remove_stale_manifest(self) -> None:

@@ -74,6 +74,19 @@ def parse(data: bytes, source: str) -> dict[str, Expected]:
     return out
 
 
+def read_plan_of(raw: bytes) -> dict | None:
+    """The manifest's `read_plan` (ckptdoctor.read_plan/v1, written by ManifestWriter), validated, or
+    None: a publish carries it into the manifest it writes, so preflight of the published copy is exact."""
+    from ..preflight.readsets import ReadPlanError, parse_read_plan
+    try:
+        doc = json.loads(raw).get("read_plan")
+        if doc is not None:
+            parse_read_plan(doc, NAME)
+        return doc
+    except (ValueError, AttributeError, ReadPlanError):
+        return None  # a damaged record is dropped: preflight decides by evidence
+
+
 def writer_nodes() -> list[str] | None:
     """The Slurm node set of the job writing the manifest (preflight compares it with the next one)."""
     import os

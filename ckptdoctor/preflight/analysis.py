@@ -27,7 +27,8 @@ class Gap:
     ranks: list[int]
     expected: int | None = None
     actual: int | None = None
-    why: str = "missing"      # missing | unreadable (exists, but this user cannot read it)
+    why: str = "missing"      # missing | unreadable (exists, but this user cannot read it) | a reason
+    keys: list[str] = field(default_factory=list)   # undecided: the keys that may make these ranks read it
 
 
 @value
@@ -38,10 +39,12 @@ class CkptVerdict:
     missing: list[Gap] = field(default_factory=list)      # rank files absent on the rank's node
     short: list[Gap] = field(default_factory=list)        # present but fewer bytes than needed
     global_missing: list[Gap] = field(default_factory=list)
+    undecided: list[Gap] = field(default_factory=list)    # files some ranks may read (evidence split): warnings
     extra_ranks: list[int] = field(default_factory=list)   # files for ranks >= world
 
     grid_problem: str | None = None                       # e.g. world not divisible by TP x PP
     read_model: str | None = None                         # how read sets were derived (from .metadata)
+    key_model: str | None = None                          # recorded | evidence: per-rank keys told how
     saved_world: int | None = None
     load: dict[str, tuple[int, int]] = field(default_factory=dict)  # node -> (bytes, pinned bytes) it loads
 
@@ -70,6 +73,7 @@ class Preflight:
     memory: dict = field(default_factory=dict)   # node -> memory.NodeMemory (known ones only)
     memory_model: Any = None                     # memory.Model
     expect: "Expectation | None" = None  # --expect-step / --expect-tracker: the job's resume target
+    read_plan: Any = None                # --read-plan: readsets.ReadPlan recorded at save time
 
     def has_checkpoint(self, node: str) -> bool:
         v = self.views[node]
@@ -108,19 +112,51 @@ class Preflight:
     def _copies(self, name: str) -> dict[str, Ckpt]:
         return {n: self.views[n].checkpoints[name] for n in self.nodes_checked if name in self.views[n].checkpoints}
 
-    def _metadata(self, name: str, copies: dict[str, Ckpt], file: str = ".metadata"):
-        """The checkpoint's `.metadata` (or another metadata file), parsed from the first node that
-        has it (None when no node has a readable one: verify reports it, CKD110)."""
+    def _metadata(self, name: str, copies: dict[str, Ckpt], file: str = ".metadata", out: CkptVerdict | None = None):
+        """The checkpoint's `.metadata` (or another metadata file), parsed from the first node whose
+        copy reads (bounded, regular files only).  A copy that cannot be read or parsed -- a FIFO, a
+        device, a truncated pickle -- is a global file its node's ranks cannot read (CKD403), never a
+        pass; so is a node's copy whose size differs from the one parsed."""
         if not self.parse_metadata:
             return None
+        got, size, src = None, None, None
         for node, ck in copies.items():
-            if file in ck.files:
-                v = self.views[node]
-                rel = f"{name}/{file}" if name else file
-                try:
-                    return dcp_reader.parse(v.storage.read(rel, 2 << 30))
-                except Exception:  # noqa: BLE001 - verify reports unreadable metadata (CKD110)
+            if file not in ck.files:
+                continue
+            if got is not None:
+                if ck.files[file] != size and out is not None:
+                    self._unreadable(out, node, name, file, f"{ck.files[file]} bytes, node {src}'s copy has {size}")
+                continue
+            v = self.views[node]
+            rel = f"{name}/{file}" if name else file
+            try:
+                got, size, src = dcp_reader.parse(v.storage.read(rel, 2 << 30)), ck.files[file], node
+            except Exception as exc:  # noqa: BLE001 - any failure to read or parse is this node's problem
+                if out is not None:
+                    why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+                    self._unreadable(out, node, name, file, why.splitlines()[0][:160])
+                if self.shared:
                     return None
+        return got
+
+    def _unreadable(self, out: CkptVerdict, node: str, name: str, file: str, why: str) -> None:
+        nodes = self.alloc.nodes if self.shared and not self.local else [node]
+        for n in nodes:
+            out.global_missing.append(Gap(n, name, self._show(n, name, file), file, self.alloc.ranks_of(n),
+                                          why=f"unreadable ({why})"))
+
+    def _recorded_plan(self, name: str, copies: dict[str, Ckpt]):
+        """The save's read plan: --read-plan, else the `read_plan` of the checkpoint's manifest."""
+        if self.read_plan is not None:
+            return self.read_plan
+        from ..layouts import manifest as mf
+        for node, ck in copies.items():
+            if mf.NAME in ck.files:
+                try:
+                    raw = self.views[node].storage.read(f"{name}/{mf.NAME}" if name else mf.NAME, mf.MAX_MANIFEST_BYTES)
+                    return readsets.load_read_plan(raw, mf.NAME) if b'"read_plan"' in raw else None
+                except (OSError, readsets.ReadPlanError):
+                    return None  # no usable record: decided by evidence (verify reports the manifest)
         return None
 
     def _judge(self, name: str, step) -> CkptVerdict:
@@ -135,7 +171,7 @@ class Preflight:
         if fam is None:
             return out
         world = self.alloc.world
-        md = self._metadata(name, copies)
+        md = self._metadata(name, copies, out=out)
         need: dict[str, int] = {}
         files_by_rank: dict[int, set[str]] = {}
         for s in md.storage if md is not None else ():
@@ -150,15 +186,28 @@ class Preflight:
             out.read_model = "per-rank metadata"
             for r in self.ranks_checked():
                 files_by_rank[r] = {f"__{r}.metadata"}
-                rmd = self._metadata(name, copies, f"__{r}.metadata")
+                rmd = self._metadata(name, copies, f"__{r}.metadata", out)
                 for s in rmd.storage if rmd is not None else ():
                     files_by_rank[r].add(s.relative_path)
                     end = s.file_offset + s.length
                     if end > need.get(s.relative_path, 0):
                         need[s.relative_path] = end
         elif md is not None and fam.plan == "dcp-metadata":
-            rs = readsets.plan(md, world, set(union), self.ranks_checked())
+            rs = readsets.plan(md, world, set(union), self.ranks_checked(), self._recorded_plan(name, copies))
             out.read_model = "resharded: Shard(0) overlap" if rs.resharded else "saved ranks"
+            out.key_model = rs.model
+            undecided: dict[tuple[str, str], Gap] = {}
+            for r in self.ranks_checked():
+                node = self.alloc.rank_node[r]
+                for rel, u in rs.maybe(r).items():
+                    ck = copies.get(node)
+                    if ck is None or rel not in ck.files:
+                        g = undecided.get((node, rel))
+                        if g is None:
+                            g = undecided[node, rel] = Gap(node, name, self._show(node, name, rel), rel, [],
+                                                           why=u.why, keys=u.keys)
+                        g.ranks.append(r)
+            out.undecided = list(undecided.values())
             out.saved_world = rs.saved_world
             files_by_rank = {r: rs.files(r) for r in self.ranks_checked()}
             for node in self.nodes_checked:
@@ -177,6 +226,7 @@ class Preflight:
             out.extra_ranks = sorted(r for r in files_by_rank if r >= world)
         mine = set(self.ranks_checked())
         miss: dict[tuple[str, str], Gap] = {}
+        short: dict[tuple[str, str], Gap] = {}
         for r in sorted(files_by_rank):
             if r >= world or r not in mine:
                 continue
@@ -190,7 +240,7 @@ class Preflight:
                                                          why="missing" if have is None else "unreadable"))
                     g.ranks.append(r)
                 elif rel in need and have < need[rel]:
-                    out.short.append(Gap(node, name, shown, rel, [r], need[rel], have))
+                    short.setdefault((node, rel), Gap(node, name, shown, rel, [], need[rel], have)).ranks.append(r)
         if not self.shared and out.read_model is None:  # node-local: a rank of ours with no file at all
             for r in sorted(mine):
                 if r < world and r not in files_by_rank:
@@ -198,6 +248,7 @@ class Preflight:
                     what = fam.rank_glob.format(rank=r)
                     miss.setdefault((node, what), Gap(node, name, self._show(node, name, ""), what, [])).ranks.append(r)
         out.missing = list(miss.values())
+        out.short = list(short.values())
         present_anywhere = {g for g in fam.optional_global if g in union}
         for node in self.nodes_checked:
             if self.alloc.ranks_of(node) == [] and not self.local:

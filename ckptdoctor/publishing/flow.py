@@ -207,12 +207,14 @@ def _publish(dest, src, name, layout, markers, *, replace, tracker, keep_last, k
         finally:
             prog.close()
         src_man = os.path.join(src, mf.NAME)
+        plan = None
         if os.path.exists(src_man):  # the source's own manifest must agree with what was read
-            _check_source_manifest(src_man, copied)
+            plan = _check_source_manifest(src_man, copied)
         changed = snapshot_diff(before, snapshot(src))  # nothing added, removed or rewritten meanwhile
         if changed:
             raise SourceChanged(f"source changed while publishing: {changed}")
-        dest.seal(stage, dirs, files, _manifest(copied, layout, hashing.CHUNK_BYTES))
+        dest.seal(stage, dirs, files, _manifest(copied, layout, hashing.CHUNK_BYTES,
+                                                extra={"read_plan": plan} if plan is not None else None))
         res.status = dest.commit(stage, name, exists)
     except BaseException as exc:
         dest.abort(stage, exc)
@@ -309,17 +311,20 @@ class LocalCommit(LocalDest):
         pass  # commands/publish.py reports a local OSError as one line
 
 
-def _check_source_manifest(path: str, copied: dict) -> None:
+def _check_source_manifest(path: str, copied: dict) -> dict | None:
+    """Refuse a source whose bytes differ from its own manifest; return the manifest's read plan."""
     try:
-        want = mf.parse(read_regular(path, mf.MAX_MANIFEST_BYTES), mf.NAME)
+        raw = read_regular(path, mf.MAX_MANIFEST_BYTES)
+        want = mf.parse(raw, mf.NAME)
     except (mf.ManifestError, ValueError, OSError):
-        return  # verify reports a corrupt manifest (CKD154); publish writes a fresh one
+        return None  # verify reports a corrupt manifest (CKD154); publish writes a fresh one
     chunk_ok = all(e.chunk_bytes == hashing.CHUNK_BYTES for e in want.values())
     for rel, e in want.items():
         c = copied.get(rel)
         if c is None or c.size != e.size or (chunk_ok and c.digests != e.digests):
             raise SourceChanged(f"{rel}: the source's bytes differ from its own {mf.NAME} "
                                 f"(corrupted or rewritten since the manifest)")
+    return mf.read_plan_of(raw)
 
 
 def _swap(tmp: str, final: str, root: str, name: str) -> None:

@@ -105,11 +105,14 @@ class PartRecord:
     source: str
     files: dict[str, FileRecord]
     conflicts: list[dict] = field(default_factory=list)
+    read_plan: dict | None = None   # the save-time read plan of this node's manifest (ManifestWriter)
 
     def to_bytes(self) -> bytes:
         doc = {"schema": RECORD_SCHEMA, "part": self.part, "parts": self.parts, "publish_id": self.publish_id,
                "name": self.name, "host": self.host, "source": self.source,
                "files": {r: f.to_json() for r, f in sorted(self.files.items())}, "conflicts": self.conflicts}
+        if self.read_plan is not None:
+            doc["read_plan"] = self.read_plan
         return (json.dumps(doc, indent=1) + "\n").encode()
 
     @classmethod
@@ -120,7 +123,7 @@ class PartRecord:
                 raise ValueError(f"schema {d.get('schema')!r}")
             return cls(int(d["part"]), int(d["parts"]), str(d["publish_id"]), str(d["name"]), str(d["host"]),
                        str(d["source"]), {str(r): FileRecord.from_json(f) for r, f in d["files"].items()},
-                       list(d.get("conflicts") or []))
+                       list(d.get("conflicts") or []), d.get("read_plan") if isinstance(d.get("read_plan"), dict) else None)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise PartRefused(f"{where}: not a readable part record ({exc}); nothing committed") from None
 
@@ -609,20 +612,24 @@ def _copy_part(st: LocalParts, src: str, spec: PartSpec, name: str, res: PartRes
     changed = snapshot_diff(before, snapshot(src))
     if changed:
         raise SourceChanged(f"source changed while publishing: {changed}")
-    _check_save_time_manifest(src, recs)
-    st.write_record(PartRecord(spec.index, spec.count, spec.publish_id, name, naming.HOST, src, recs, conflicts))
+    plan = _check_save_time_manifest(src, recs)
+    st.write_record(PartRecord(spec.index, spec.count, spec.publish_id, name, naming.HOST, src, recs, conflicts,
+                               plan))
 
 
-def _check_save_time_manifest(src: str, recs: dict[str, FileRecord]) -> None:
+def _check_save_time_manifest(src: str, recs: dict[str, FileRecord]) -> dict | None:
     """A manifest written while saving (ManifestWriter on the coordinator's node) lists every
-    rank's files; each file this node holds must still have the bytes it had at save time."""
+    rank's files; each file this node holds must still have the bytes it had at save time.
+    Returns its read plan (which ranks held each key), for the merged manifest to keep."""
     path = os.path.join(src, mf.NAME)
     if not os.path.exists(path):
-        return
+        return None
     try:
-        want = mf.parse(read_regular(path, mf.MAX_MANIFEST_BYTES), mf.NAME)
+        raw = read_regular(path, mf.MAX_MANIFEST_BYTES)
+        want = mf.parse(raw, mf.NAME)
     except (mf.ManifestError, ValueError, OSError):
-        return  # verify reports a corrupt manifest (CKD154); the merged manifest is computed afresh
+        return None  # verify reports a corrupt manifest (CKD154); the merged manifest is computed afresh
+    plan = mf.read_plan_of(raw)
     for rel, e in want.items():
         r = recs.get(rel)
         if r is None or e.chunk_bytes != hashing.CHUNK_BYTES:
@@ -630,6 +637,7 @@ def _check_save_time_manifest(src: str, recs: dict[str, FileRecord]) -> None:
         if r.size != e.size or r.digests != e.digests:
             raise SourceChanged(f"{os.path.join(src, rel)}: this node's bytes differ from the {mf.NAME} written "
                                 f"at save time (corrupted on local disk since the save); nothing committed")
+    return plan
 
 
 def _finish(st, res, spec, name, verify, tracker, keep_last, keep_every, deadline, t0,
@@ -683,9 +691,10 @@ def _commit(st: LocalParts, res: PartResult, spec: PartSpec, name: str, verify) 
             raise PartRefused(f"{name}: the checkpoint assembled from {spec.count} parts fails verification: "
                               + "; ".join(reasons[:4]) + "; nothing committed, tracker untouched")
         from .flow import _manifest
+        plan = next((r.read_plan for _, r in sorted(recs.items()) if r.read_plan is not None), None)
         st.seal_and_rename(_manifest(merged, layout_name, hashing.CHUNK_BYTES, extra={
             "publish_id": spec.publish_id, "parts": {str(k): r.host for k, r in sorted(recs.items())},
-            "committed_by": spec.index}))
+            "committed_by": spec.index, **({"read_plan": plan} if plan is not None else {})}))
         res.files, res.bytes = len(merged), sum(f.size for f in merged.values())
     except PartRefused as exc:
         st.fail(str(exc))

@@ -1,5 +1,5 @@
 """JSON Schemas (draft 2020-12) for what ckptdoctor writes: the report (`--format json` of every
-judging subcommand) and `ckptdoctor.run_state/v1`.  Built from the same tables the code validates
+judging subcommand), `ckptdoctor.run_state/v1` and `ckptdoctor.read_plan/v1`.  Built from the same tables the code validates
 with (the catalog's rule ids, run_state's FIELDS), so they cannot drift; `ckptdoctor schema NAME`
 prints them and the tests validate real outputs against them."""
 from __future__ import annotations
@@ -56,4 +56,23 @@ def run_state() -> dict[str, Any]:
             "type": "object", "required": ["schema"], "additionalProperties": False, "properties": props}
 
 
-SCHEMAS = {"report": report, "run-state": run_state}
+def read_plan() -> dict[str, Any]:
+    from ..preflight.readsets import READ_PLAN_SCHEMA
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": "https://ckptdoctor/schemas/read-plan-v1.json", "title": READ_PLAN_SCHEMA,
+            "description": "Which ranks held each key in their local save plans, before deduplication: a rank "
+                           "of the same world reads exactly the keys it held. Written by "
+                           "ckptdoctor.integrations.dcp.ManifestWriter as the manifest's `read_plan`; "
+                           "`preflight --read-plan FILE` reads it bare or inside a manifest.",
+            "type": "object", "required": ["schema", "world", "keys"], "additionalProperties": False,
+            "properties": {
+                "schema": {"const": READ_PLAN_SCHEMA},
+                "world": {"type": "integer", "minimum": 1, "description": "ranks of the save"},
+                "keys": {"type": "object", "description": "fqn (DCP's flattened key) -> its holders",
+                         "additionalProperties": {"oneOf": [
+                             {"const": "all", "description": "every rank of the save"},
+                             {"type": "array", "minItems": 1, "uniqueItems": True,
+                              "items": {"type": "integer", "minimum": 0}}]}}}}
+
+
+SCHEMAS = {"report": report, "run-state": run_state, "read-plan": read_plan}
