@@ -71,3 +71,42 @@ def test_relaunch_gate_agrees_with_the_real_load(tmp_path, lib, root, case):
         assert named, f"the gate failed but named none of {case['names']!r}: " \
                       f"{[(f.rule, f.path, f.message) for f in errors]}"
         FIRED.update(f.rule for f in named)
+
+
+# ---- issue 36: preflight per rank, against Megatron-Core's own load from each node's copy ----------
+SPLITS = REAL / "megatron-core" / "preflight_splits.json"
+
+
+def _splits():
+    doc = json.loads(SPLITS.read_text())
+    for name, sp in sorted(doc["splits"].items()):
+        yield pytest.param(doc, sp, id=name)
+
+
+def test_split_labels_are_stamped_with_the_fixture_they_were_made_from():
+    doc = json.loads(SPLITS.read_text())
+    assert doc["version"] == doc["fixture_version"] == _docs()["megatron-core"]["version"], \
+        f"run {doc['generator']} again: the labels must come from the library that wrote the fixture"
+    assert any(sp["failed_ranks"] for sp in doc["splits"].values())
+    assert any(not sp["failed_ranks"] for n, sp in doc["splits"].items() if n != "full")
+
+
+@pytest.mark.parametrize("doc,split", list(_splits()))
+def test_preflight_names_exactly_the_ranks_whose_megatron_load_fails(tmp_path, doc, split):
+    """Megatron-Core 0.16 torch_dist, TP=2 on 2 nodes, each rank loading its node's copy: TP shards are
+    read by their writer, the replicated tensor (rank 0's file) and metadata.json/common.pt by every
+    rank, the per-rank `rng_state/shard_0.{tp}_1.2` ShardedObjects by their own rank only.  Without a
+    recorded plan, preflight's errors name exactly the ranks whose real load failed, and nothing is
+    left undecided."""
+    from helpers import cli
+    for n, ops in split["ops"].items():
+        damage.copy_and_apply(str(REAL / "megatron-core" / "torch_dist"), str(tmp_path / n), ops)
+    rc, out, err = cli("preflight", f"{tmp_path}/{{node}}", "--nodelist", ",".join(doc["nodes"]),
+                       "--ranks-per-node", str(doc["ranks_per_node"]), "-f", "json")
+    assert "Traceback" not in err, err
+    rep = json.loads(out)
+    errors = {r for f in rep["findings"] if f["severity"] == "error" and f["rule"] in ("CKD401", "CKD402", "CKD403")
+              for r in f["details"].get("ranks", [])}
+    assert errors == set(split["failed_ranks"]), (split["detail"], rep["findings"])
+    assert not [f for f in rep["findings"] if f["rule"] == "CKD411"], rep["findings"]
+    assert (rc == 0) == (not errors)

@@ -105,7 +105,7 @@ def test_ranks_moved_to_another_node_hint(four):
     loc = spread(src, root, ["n1", "n2"], 2)
     rc, rep, err = pre(loc, "--nodelist", "n[1-2]", "--ranks-per-node", "1,3")
     hits = assert_fires_json(rep, "CKD401", path_contains="n2/")
-    assert "exists on n1" in hits[0]["hint"]  # rank 1's shard is on n1, but rank 1 now runs on n2
+    assert "__1_0.distcp is on n1" in hits[0]["hint"]  # rank 1's shard is on n1, but rank 1 now runs on n2
 
 
 def test_global_file_and_tracker_missing_on_one_node(four):
@@ -489,3 +489,71 @@ def test_views_a_fresh_node_among_resuming_ones_and_a_silent_node(four, tmp_path
     rc, out, err = cli("preflight", "--views", files[0], "--nodelist", "n[1-3]", "-f", "json")
     missing = [f["details"].get("node") for f in json.loads(out)["findings"] if f["rule"] == "CKD407"]
     assert rc == 1 and missing == ["n2", "n3"]
+
+
+# ---- issue 36: fail closed on .metadata, say where files are, one finding per fact ---------------
+@pytest.mark.parametrize("shared", [False, True], ids=["node-local", "shared"])
+def test_a_metadata_that_is_not_a_regular_file_is_an_error_not_a_pass(four, shared):
+    """verify refuses a FIFO `.metadata`; preflight reads it the same way (bounded, regular files
+    only): an error naming the file, never `will resume from ... ok`, never a hang."""
+    src, root = four
+    loc = spread(src, root, ["n1", "n2"], 2)
+    if shared:
+        loc = str(root / "shared")
+        shutil.copytree(root / "n1" / "run7", loc)
+        for f in (root / "n2" / "run7" / "iter_0000100").iterdir():
+            shutil.copy2(f, Path(loc) / "iter_0000100" / f.name)
+    bad = Path(loc.replace("{node}", "n2")) / "iter_0000100" / ".metadata"
+    bad.unlink()
+    os.mkfifo(bad)
+    rc, rep, err = pre(loc, "--nodelist", "n[1-2]", "--ranks-per-node", "2")
+    hits = assert_fires_json(rep, "CKD403", path_contains=".metadata")
+    assert rc == 1 and all(h["severity"] == "error" for h in hits), rep["findings"]
+    assert {h["details"]["node"] for h in hits} == ({"n1", "n2"} if shared else {"n2"})
+    assert "unreadable" in hits[0]["message"] and "regular" in hits[0]["message"], hits[0]["message"]
+
+
+def test_local_mode_says_the_whole_allocation_and_where_missing_files_might_be(four):
+    src, root = four
+    spread(src, root, ["n1", "n2"], 2)
+    os.remove(root / "n2" / "run7" / "iter_0000100" / "__3_0.distcp")
+    env = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NTASKS_PER_NODE": "2", "SLURMD_NODENAME": "n2"}
+    rc, out, err = cli("preflight", "--local", str(root / "n2" / "run7"), env=env)
+    assert rc == 1 and "allocation: 2 nodes, 4 ranks (checked on this node only: n2)" in out, out
+    rc, rep, err = pre("--local", root / "n2" / "run7", env=env)
+    hint = assert_fires_json(rep, "CKD401")[0]["hint"]
+    assert "outside this allocation (or nowhere)" not in hint and "--local sees only this node" in hint
+
+
+def test_per_node_hint_names_the_node_inside_the_allocation_that_holds_the_file(four):
+    src, root = four
+    loc = spread(src, root, ["n1", "n2"], 2)
+    shutil.move(root / "n2" / "run7" / "iter_0000100" / "__3_0.distcp", root / "n1" / "run7" / "iter_0000100")
+    os.remove(root / "n2" / "run7" / "iter_0000100" / "__2_0.distcp")
+    rc, rep, err = pre(loc, "--nodelist", "n[1-2]", "--ranks-per-node", "2")
+    (hit,) = assert_fires_json(rep, "CKD401")
+    assert hit["details"]["files_by_rank"] == {"2": ["__2_0.distcp"], "3": ["__3_0.distcp"]}
+    assert "__3_0.distcp is on n1" in hit["hint"] and "1 file(s) (e.g. __2_0.distcp) are on no node" in hit["hint"]
+
+
+@pytest.mark.parametrize("n2", ["absent", "empty", "tracker-only"])
+def test_allow_fresh_never_passes_a_mixed_allocation_in_either_mode(four, tmp_path, n2):
+    """One node holds the checkpoint, the other nothing: with --allow-fresh, the per-node check and
+    the gathered --views judgement both fail it (the others would resume), each once per node."""
+    src, root = four
+    loc = spread(src, root, ["n1", "n2"], 2)
+    shutil.rmtree(root / "n2" / "run7")
+    if n2 != "absent":
+        (root / "n2" / "run7").mkdir()
+    if n2 == "tracker-only":
+        (root / "n2" / "run7" / TRACKER).write_text("100")
+    rc, rep, err = pre(loc, "--nodelist", "n[1-2]", "--ranks-per-node", "2", "--allow-fresh")
+    assert rc == 1 and {"CKD407", "CKD409", "CKD406"} & {f["rule"] for f in rep["findings"]}, rep["findings"]
+    for extra in (["--allow-fresh"], []):
+        (tmp_path / f"v{len(extra)}").mkdir()
+        files = _views(root, ["n1", "n2"], tmp_path / f"v{len(extra)}", *extra)
+        rc, out, err = cli("preflight", "--views", str(tmp_path / f"v{len(extra)}"), "--nodelist", "n[1-2]", "-f", "json")
+        doc = json.loads(out)
+        about_n2 = [f["rule"] for f in doc["findings"] if f["details"].get("node") == "n2" and
+                    f["rule"] in ("CKD407", "CKD409")]
+        assert rc == 1 and len(about_n2) == 1, (extra, doc["findings"])

@@ -149,6 +149,7 @@ def run(location: str, engine: Engine, alloc: Allocation, local: bool = False, n
     rep = engine.report
     rep.facts["nodes"] = _node_rows(pf)
     rep.facts["world"] = alloc.world
+    rep.facts["allocation_nodes"] = len(alloc.nodes)
     rep.facts["checkpoints"] = [{"name": v.name, "step": v.step, "reachable": v.reachable}
                                 for v in pf.verdicts.values()] + \
         [{"name": f"iter_{s:07d}", "step": s, "reachable": not d["owners_missing"]} for s, d in pf.nvrx.items()]

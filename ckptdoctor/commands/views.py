@@ -81,11 +81,17 @@ def judge(paths: list[str], engine: Engine, nodes: list[str] | None) -> None:
                                   details={"resume_from": {n: mine[n].get("resume_from") for n in sorted(mine)}},
                                   hint="make every node hold and name the same checkpoint (the newest all hold)"))
     have = sorted(n for n, v in mine.items() if v.get("checkpoints"))
+    # a node whose own report already says it (CKD409 without --allow-fresh, CKD407 for a missing
+    # directory) is not reported twice; one whose directory is missing and whose --allow-fresh waived
+    # that alone is reported here: the others resume
+    said = {(f.rule, (f.details or {}).get("node")) for f in engine.report.findings}
     if have:
         for n, v in sorted(mine.items()):
-            if not v.get("checkpoints") and not v.get("problem"):
+            if v.get("checkpoints") or ("CKD409", n) in said or ("CKD407", n) in said:
+                continue
+            if not v.get("problem") or v.get("absent"):
                 engine.emit("CKD409", Hit(str(v.get("location", n)), f"node {n}: holds no checkpoint while "
-                                          f"{compress(have)} hold one: its ranks {v.get('ranks')} would start from "
+                                          f"{compress(have)} hold{'s' if len(have) == 1 else ''} one: its ranks {v.get('ranks')} would start from "
                                           f"scratch while others resume, or hang",
                                           details={"node": n, "ranks": v.get("ranks"), "nodes_with_checkpoints": have},
                                           hint="copy the checkpoint to this node before relaunching"))

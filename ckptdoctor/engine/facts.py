@@ -96,6 +96,7 @@ class ReconcileFacts(Facts):
 class PreflightFacts(Facts):
     nodes: Any = UNSET
     world: Any = UNSET
+    allocation_nodes: Any = UNSET     # nodes of the allocation (`nodes` rows: only this node with --local)
     checkpoints: Any = UNSET
     resume_from: Any = UNSET
     newest_reachable: Any = UNSET

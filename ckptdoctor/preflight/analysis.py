@@ -124,8 +124,11 @@ class Preflight:
             if file not in ck.files:
                 continue
             if got is not None:
-                if ck.files[file] != size and out is not None:
-                    self._unreadable(out, node, name, file, f"{ck.files[file]} bytes, node {src}'s copy has {size}")
+                bad = self._not_regular(node, name, file)
+                if bad is None and ck.files[file] != size:
+                    bad = f"{ck.files[file]} bytes, node {src}'s copy has {size}"
+                if bad is not None and out is not None:
+                    self._unreadable(out, node, name, file, bad)
                 continue
             v = self.views[node]
             rel = f"{name}/{file}" if name else file
@@ -138,6 +141,19 @@ class Preflight:
                 if self.shared:
                     return None
         return got
+
+    def _not_regular(self, node: str, name: str, rel: str) -> str | None:
+        """Why a node's local copy of a file is not one a rank can read as a file (a stat, no open)."""
+        st = self.views[node].storage
+        if st is None or not st.local:
+            return None
+        import os
+        import stat
+        try:
+            mode = os.stat(st.abspath(f"{name}/{rel}" if name else rel)).st_mode
+        except OSError as exc:
+            return exc.strerror or str(exc)
+        return None if stat.S_ISREG(mode) else "not a regular file"
 
     def _unreadable(self, out: CkptVerdict, node: str, name: str, file: str, why: str) -> None:
         nodes = self.alloc.nodes if self.shared and not self.local else [node]

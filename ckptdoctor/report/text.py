@@ -208,8 +208,9 @@ def _publish(con, facts) -> None:
 
 
 def _preflight(con, facts) -> None:
-    t = Table(title=f"allocation: {plural(len(facts['nodes']), 'node')}, {plural(facts['world'], 'rank')}"
-              + (f" (checked on this node, {facts['local']})" if facts.get("local") else ""), title_justify="left")
+    n_nodes = facts.get("allocation_nodes", len(facts["nodes"]))  # --local: the table has this node's row only
+    t = Table(title=f"allocation: {plural(n_nodes, 'node')}, {plural(facts['world'], 'rank')}"
+              + (f" (checked on this node only: {facts['local']})" if facts.get("local") else ""), title_justify="left")
     for col in ("node", "ranks", "gaps (resume target)", "gaps (all)", "location"):
         t.add_column(col)
     for r in facts["nodes"]:

@@ -55,6 +55,22 @@ def cases() -> list[dict]:
     ]
 
 
+NODES = ["n0", "n1"]      # one rank per node: rank r runs on NODES[r] and reads only that node's copy
+
+
+def splits() -> list[dict]:
+    """Node-local layouts of the healthy run for preflight (issue 36): which files of the tracker's
+    iteration each node holds.  Every node keeps the tracker and the other iteration; `ops` per node."""
+    i2 = "iter_0000002"
+    files = ["__0_0.distcp", "__0_1.distcp", "__1_0.distcp", "__1_1.distcp", ".metadata", "metadata.json", "common.pt"]
+    out = [{"name": "full", "ops": {n: [] for n in NODES}},
+           {"name": "own-shards", "ops": {n: [["delete_glob", i2, f"__{1 - r}_*.distcp"]] for r, n in enumerate(NODES)}}]
+    for n in NODES:
+        for f in files:
+            out.append({"name": f"{n}-without-{f}", "ops": {m: [["delete", f"{i2}/{f}"]] if m == n else [] for m in NODES}})
+    return out
+
+
 def _cpu_shim() -> None:
     import torch
     torch.cuda.synchronize = lambda *a, **k: None
@@ -113,6 +129,7 @@ def worker(args) -> None:
             dist.barrier()
         result["saved"] = saved
     else:
+        args.root = args.root.replace("{rank}", str(args.rank))   # split layouts: this rank's node copy
         try:
             with open(os.path.join(args.root, TRACKER)) as fh:
                 it = int(fh.read().strip())
@@ -147,6 +164,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=90.0)
     ap.add_argument("--worker"), ap.add_argument("--root"), ap.add_argument("--rank", type=int)
     ap.add_argument("--port", type=int), ap.add_argument("--result"), ap.add_argument("--stage")
+    ap.add_argument("--splits", action="store_true", help="label node-local layouts of the committed fixture "
+                    "(preflight_splits.json) instead of regenerating it")
     args = ap.parse_args()
     if args.worker:
         args.mode = args.worker
@@ -154,6 +173,8 @@ def main() -> None:
     import megatron.core
     import torch
     healthy = os.path.join(args.out, "torch_dist")
+    if args.splits:
+        return label_splits(args, healthy, megatron.core.__version__, torch.__version__.split("+")[0])
     shutil.rmtree(healthy, ignore_errors=True)
     os.makedirs(healthy)
     res, hung = run_ranks_cmd(__file__, "save", [], healthy, args.timeout)
@@ -172,6 +193,45 @@ def main() -> None:
                                                               "outcome": outcome, "detail": detail}
         print(f"torch_dist {case['name']}: {outcome} {detail}", flush=True)
     with open(os.path.join(args.out, "outcomes.json"), "w") as fh:
+        json.dump(doc, fh, indent=1, sort_keys=True)
+        fh.write("\n")
+
+
+def blamed(res, want, detail) -> list[int]:
+    """The ranks whose own read failed: those a CheckpointException names (every rank raises it,
+    naming the culprits), else those whose error was not a peer's connection dropping (the
+    collateral of a crashed rank), else those that loaded other values."""
+    import re
+    named = {int(x) for d in detail for m in re.finditer(r"ranks:dict_keys\(\[([0-9, ]*)\]\)", d)
+             for x in m.group(1).split(",") if x.strip()}
+    if named:
+        return sorted(named)
+    own = [r for r, d in enumerate(detail) if d != "ok" and "Connection closed by peer" not in d
+           and "Timeout" not in d]
+    return own or [r for r in range(WORLD) if res[r] is None or res[r].get("loaded") != want[r]]
+
+
+def label_splits(args, healthy: str, version: str, torch_version: str) -> None:
+    """Each split: every rank loads from its own node's copy; a rank that fails is one whose read
+    raised (or that never returned)."""
+    with open(os.path.join(args.out, "outcomes.json")) as fh:
+        saved_doc = json.load(fh)
+    res, hung = run_ranks_cmd(__file__, "load", [], healthy, args.timeout)
+    want = {r["rank"]: r["loaded"] for r in res}          # what the healthy run loads, per rank
+    doc = {"library": "megatron-core", "version": version, "torch": torch_version, "fixture_version":
+           saved_doc["version"], "generator": "tests/conformance/gen_megatron.py --splits", "nodes": NODES,
+           "ranks_per_node": 1, "splits": {}}
+    for sp in splits():
+        with tempfile.TemporaryDirectory() as t:
+            for n, ops in sp["ops"].items():
+                damage.copy_and_apply(healthy, os.path.join(t, n), ops)
+            res, hung = run_ranks_cmd(__file__, "load", [], os.path.join(t, "n{rank}"), args.timeout)
+            detail = [(x or {}).get("raised", "ok" if x else "no result").replace(t, "<nodes>") for x in res]
+            failed = blamed(res, want, detail)
+        doc["splits"][sp["name"]] = {"ops": sp["ops"], "failed_ranks": failed, "hung": hung,
+                                     "detail": [d.splitlines()[0][:200] for d in detail]}
+        print(f"{sp['name']}: failed {failed} {'(hung)' if hung else ''} {detail}", flush=True)
+    with open(os.path.join(args.out, "preflight_splits.json"), "w") as fh:
         json.dump(doc, fh, indent=1, sort_keys=True)
         fh.write("\n")
 
