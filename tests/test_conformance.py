@@ -96,17 +96,19 @@ def test_preflight_names_exactly_the_ranks_whose_megatron_load_fails(tmp_path, d
     """Megatron-Core 0.16 torch_dist, TP=2 on 2 nodes, each rank loading its node's copy: TP shards are
     read by their writer, the replicated tensor (rank 0's file) and metadata.json/common.pt by every
     rank, the per-rank `rng_state/shard_0.{tp}_1.2` ShardedObjects by their own rank only.  Without a
-    recorded plan, preflight's errors name exactly the ranks whose real load failed, and nothing is
-    left undecided."""
+    recorded plan and with one (`--read-plan`, the keys each rank's sharded state dict holds, written
+    by the generator), preflight's errors name exactly the ranks whose real load failed, and nothing
+    is left undecided."""
     from helpers import cli
     for n, ops in split["ops"].items():
         damage.copy_and_apply(str(REAL / "megatron-core" / "torch_dist"), str(tmp_path / n), ops)
-    rc, out, err = cli("preflight", f"{tmp_path}/{{node}}", "--nodelist", ",".join(doc["nodes"]),
-                       "--ranks-per-node", str(doc["ranks_per_node"]), "-f", "json")
-    assert "Traceback" not in err, err
-    rep = json.loads(out)
-    errors = {r for f in rep["findings"] if f["severity"] == "error" and f["rule"] in ("CKD401", "CKD402", "CKD403")
-              for r in f["details"].get("ranks", [])}
-    assert errors == set(split["failed_ranks"]), (split["detail"], rep["findings"])
-    assert not [f for f in rep["findings"] if f["rule"] == "CKD411"], rep["findings"]
-    assert (rc == 0) == (not errors)
+    for plan in ([], ["--read-plan", str(REAL / "megatron-core" / "read_plan.json")]):  # evidence, then recorded
+        rc, out, err = cli("preflight", f"{tmp_path}/{{node}}", "--nodelist", ",".join(doc["nodes"]),
+                           "--ranks-per-node", str(doc["ranks_per_node"]), "-f", "json", *plan)
+        assert "Traceback" not in err, err
+        rep = json.loads(out)
+        errors = {r for f in rep["findings"] if f["severity"] == "error" and f["rule"] in ("CKD401", "CKD402", "CKD403")
+                  for r in f["details"].get("ranks", [])}
+        assert errors == set(split["failed_ranks"]), (plan, split["detail"], rep["findings"])
+        assert not [f for f in rep["findings"] if f["rule"] == "CKD411"], rep["findings"]
+        assert (rc == 0) == (not errors)

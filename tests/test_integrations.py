@@ -70,6 +70,10 @@ def test_publish_checks_the_source_against_the_save_time_manifest(saved, tmp_pat
     ck = copy_of(saved, tmp_path)
     rc, out, err = cli("publish", "--quiet", str(ck), str(tmp_path / "dest"), "--tracker", "none")
     assert rc == 0, err
+    read_plan = json.loads((ck / "ckptdoctor.manifest.json").read_text())["read_plan"]
+    assert read_plan == {"schema": "ckptdoctor.read_plan/v1", "world": 4,
+                         "keys": {"b": "all", "emb": "all", "step": "all", "w": "all"}}
+    assert json.loads((tmp_path / "dest" / ck.name / "ckptdoctor.manifest.json").read_text())["read_plan"] == read_plan
     victim = sorted(ck.glob("__*_0.distcp"))[0]
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 1
@@ -113,9 +117,10 @@ def test_part_publish_checks_each_node_against_the_save_time_manifest(saved, tmp
             p.unlink()
     res = [finish(p) for p in [start_part(srcs[k], tmp_path / "ok", k, 2, "a1") for k in range(2)]]
     assert all(r[0] == 0 for r in res), res
-    saved_man = json.loads((saved / "ckptdoctor.manifest.json").read_text())["files"]
-    published = json.loads((tmp_path / "ok" / "step-300" / "ckptdoctor.manifest.json").read_text())["files"]
-    assert published == saved_man
+    saved_doc = json.loads((saved / "ckptdoctor.manifest.json").read_text())
+    published = json.loads((tmp_path / "ok" / "step-300" / "ckptdoctor.manifest.json").read_text())
+    assert published["files"] == saved_doc["files"]
+    assert published["read_plan"] == saved_doc["read_plan"]  # preflight of the published copy stays exact
     victim = sorted(srcs[0].glob("__1_*.distcp"), key=lambda p: -p.stat().st_size)[0]
     st = victim.stat()
     data = bytearray(victim.read_bytes())

@@ -87,6 +87,25 @@ def test_reports_validate_against_the_shipped_schema(run_with_old_breakage, tmp_
         jsonschema.validate(bad, schema)
 
 
+def test_read_plan_schema_accepts_what_preflight_reads_and_refuses_what_it_refuses(tmp_path):
+    """`ckptdoctor schema read-plan` describes the record preflight --read-plan takes: the plan a
+    save records validates; a rank list preflight refuses is refused by the schema too, and preflight
+    says so in one line (exit 2), never a traceback."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(cli("schema", "read-plan")[1])
+    from ckptdoctor.preflight.readsets import read_plan_record
+    good = read_plan_record(2, [["w", "rank0.x"], ["w", "rank1.x"]])
+    jsonschema.validate(good, schema)
+    assert good["keys"] == {"rank0.x": [0], "rank1.x": [1], "w": "all"}
+    bad = dict(good, keys={"w": []})
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
+    (tmp_path / "plan.json").write_text(json.dumps(bad))
+    rc, out, err = cli("preflight", str(tmp_path), "--nodelist", "n1", "--ranks-per-node", "1",
+                       "--read-plan", str(tmp_path / "plan.json"))
+    assert rc == 2 and "Traceback" not in err and "--read-plan" in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_run_state_schema_matches_what_reconcile_reads(tmp_path):
     jsonschema = pytest.importorskip("jsonschema")
     schema = json.loads(cli("schema", "run-state")[1])

@@ -211,6 +211,23 @@ def blamed(res, want, detail) -> list[int]:
     return own or [r for r in range(WORLD) if res[r] is None or res[r].get("loaded") != want[r]]
 
 
+def _write_read_plan(path: str) -> None:
+    """The keys each rank's sharded state dict holds (what it asks dist_checkpointing.load for), as
+    ckptdoctor.read_plan/v1: the record `preflight --read-plan` takes when the save kept none."""
+    from megatron.core.dist_checkpointing import ShardedObject, ShardedTensor
+    held: dict[str, list[int]] = {}
+    for r in range(WORLD):
+        for v in _state(r, 2, empty=True).values():
+            key = v.unique_key if isinstance(v, ShardedObject) else v.key if isinstance(v, ShardedTensor) else None
+            if key is not None:
+                held.setdefault(key, []).append(r)
+    doc = {"schema": "ckptdoctor.read_plan/v1", "world": WORLD,
+           "keys": {k: "all" if len(rs) == WORLD else rs for k, rs in sorted(held.items())}}
+    with open(path, "w") as fh:
+        json.dump(doc, fh, indent=1, sort_keys=True)
+        fh.write("\n")
+
+
 def label_splits(args, healthy: str, version: str, torch_version: str) -> None:
     """Each split: every rank loads from its own node's copy; a rank that fails is one whose read
     raised (or that never returned)."""
@@ -231,6 +248,7 @@ def label_splits(args, healthy: str, version: str, torch_version: str) -> None:
         doc["splits"][sp["name"]] = {"ops": sp["ops"], "failed_ranks": failed, "hung": hung,
                                      "detail": [d.splitlines()[0][:200] for d in detail]}
         print(f"{sp['name']}: failed {failed} {'(hung)' if hung else ''} {detail}", flush=True)
+    _write_read_plan(os.path.join(args.out, "read_plan.json"))
     with open(os.path.join(args.out, "preflight_splits.json"), "w") as fh:
         json.dump(doc, fh, indent=1, sort_keys=True)
         fh.write("\n")
