@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import _run_script
-from helpers import cli
+from helpers import assert_fires_json, cli
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.torch
@@ -204,6 +204,9 @@ def test_preflight_equals_each_ranks_real_load_with_and_without_a_recorded_plan(
             assert (errors, warned) == (failed[case], set()), (case, failed[case], doc["findings"])
         elif case == "n1-without-__2_0.distcp":  # a data-parallel rank in the name: undecided, said so
             assert not errors and warned == {0, 1}, doc["findings"]
+            (hit,) = assert_fires_json(doc, "CKD411", path_contains="n1")
+            assert hit["severity"] == "warning" and hit["details"]["keys"] == ["dataloader.dp_rank_1.pos"]
+            assert hit["details"]["file"] == "__2_0.distcp" and "--read-plan" in hit["hint"]
         for n in nodes:
             shutil.copy2(src / "ckptdoctor.manifest.json", root / n / "ckptdoctor.manifest.json")
         errors, warned, doc = _preflight_ranks(root, nodes, per)            # the recorded plan
@@ -237,3 +240,43 @@ def test_read_plan_file_decides_what_a_manifestless_copy_cannot(job_saves, tmp_p
     (failed,) = json.loads((tmp_path / "loads.json").read_text())["failed_ranks"]
     assert (errors2, warned2) == (set(failed), set()), doc["findings"]
     assert errors <= set(failed) <= errors | warned
+
+
+def _md(records):
+    """A DcpMetadata of bytes items: (fqn, file) pairs."""
+    from ckptdoctor.layouts.dcp import DcpMetadata, StorageEntry
+    md = DcpMetadata()
+    for i, (fqn, rel) in enumerate(records):
+        md.storage.append(StorageEntry(fqn, None, rel, 0, 10 + i))
+        md.byte_keys.add(fqn)
+    return md
+
+
+def test_evidence_rules_for_keys_saved_once():
+    """The evidence model, record by record: a rank in the name that is its file's rank for every saved
+    rank is per-rank; a number past the saved world (`lora_rank_16`) is not a rank; ShardedObject
+    shards one per saved rank are per-rank, fewer shards than ranks (data-parallel replicas) are
+    undecided; a recorded plan of another world is not used."""
+    from ckptdoctor.preflight import readsets as R
+    md = _md([("rng.rank_0", "__0_0.distcp"), ("rng.rank_1", "__1_0.distcp"), ("cfg.lora_rank_16", "__1_0.distcp"),
+              ("rng_state/shard_0.0_1.2", "__0_0.distcp"), ("rng_state/shard_0.1_1.2", "__1_0.distcp")])
+    rs = R.plan(md, 2, set())
+    assert rs.model == "evidence" and rs.files(0) == {"__0_0.distcp", "__1_0.distcp"}
+    assert rs.files(1) == {"__1_0.distcp"}
+    assert rs.by_rank == {0: {"__0_0.distcp"}, 1: {"__1_0.distcp"}} and rs.every_rank == {"__1_0.distcp"}
+    assert not rs.undecided
+    md = _md([("rng.rank_0", "__0_0.distcp"), ("rng.rank_1", "__1_0.distcp")])
+    rs = R.plan(md, 2, set())
+    assert rs.files(0) == {"__0_0.distcp"} and rs.files(1) == {"__1_0.distcp"} and not rs.undecided
+    rs = R.plan(md, 1, set())  # resharded 2 -> 1: old rank 1's key is read by no one
+    assert rs.files(0) == {"__0_0.distcp"}
+    md4 = _md([("rng_state/shard_0.0_1.2", "__0_0.distcp"), ("rng_state/shard_0.1_1.2", "__1_0.distcp"),
+               ("x", "__2_0.distcp"), ("y", "__3_0.distcp")])
+    rs = R.plan(md4, 4, set())  # TP=2 x DP=2: each shard is read by its writer and one unknown replica
+    assert rs.maybe(2) == {"__0_0.distcp": rs.undecided["__0_0.distcp"], "__1_0.distcp": rs.undecided["__1_0.distcp"]}
+    assert 0 not in rs.undecided["__0_0.distcp"].ranks and "ShardedObject" in rs.undecided["__0_0.distcp"].why
+    plan = R.parse_read_plan(R.read_plan_record(3, [["rng.rank_0"], ["rng.rank_1"], []]), "t")
+    rs = R.plan(md, 2, set(), recorded=plan)
+    assert rs.model == "evidence"  # a record of a 3-rank save does not describe this 2-rank one
+    with pytest.raises(R.ReadPlanError):
+        R.parse_read_plan({"schema": R.READ_PLAN_SCHEMA, "world": 2, "keys": {"a": [2]}}, "t")
