@@ -674,23 +674,43 @@ def schema(name: SchemaName = typer.Argument(..., help="report (what --format js
     emit(lambda: (_json.dump(SCHEMAS[name.value](), sys.stdout, indent=2), print()))
 
 
+class ShellName(str, Enum):
+    bash = "bash"
+    zsh = "zsh"
+    fish = "fish"
+
+
 @app.command(rich_help_panel="Reference")
 def paths(format: Fmt = typer.Option(Fmt.text, "--format", "-f", help="Output format (text or json)."),
-           quiet: bool = QuietOpt, debug: bool = DebugOpt):
+          activate: ShellName | None = typer.Option(None, "--activate", help="Print the line that enables "
+                                                    "completion in this shell, to eval: eval \"$(ckptdoctor paths "
+                                                    "--activate bash)\" (fish: ckptdoctor paths --activate fish | source)."),
+          quiet: bool = QuietOpt, debug: bool = DebugOpt):
     """Where the man pages, shell completions and Slurm scripts are installed (for a Prolog or an
-    admin copying them into place)."""
+    admin copying them into place).  Exit 1 when any of them is missing."""
     import json as _json
 
-    from .paths import places
+    from .paths import activation, places
     ps = places()
+    if activate is not None:
+        line = activation(activate.value)
+        if line is None:
+            raise InputError(f"the {activate.value} completion is not installed beside this ckptdoctor "
+                             f"(`ckptdoctor paths` says where it was looked for)")
+        print(line)
+        return
     if format is Fmt.json:
         emit(lambda: _json.dump({p.what: {"path": p.path, "exists": p.exists} for p in ps}, sys.stdout, indent=2))
         print()
-        return
-    labels = {"man": "man pages", "bash": "bash completion", "zsh": "zsh completion", "fish": "fish completion",
-              "slurm": "Slurm scripts"}
-    for p in ps:
-        print(f"{labels[p.what]:<16} {p.path}" + ("" if p.exists else "  (not found)"))
+    else:
+        labels = {"man": "man pages", "bash": "bash completion", "zsh": "zsh completion", "fish": "fish completion",
+                  "slurm": "Slurm scripts"}
+        for p in ps:
+            print(f"{labels[p.what]:<16} {p.path}" + ("" if p.exists else "  (not found)"))
+    if not all(p.exists for p in ps):
+        print("ckptdoctor: some installed files are missing: reinstall the wheel into its own venv "
+              "(python3 -m venv PREFIX && PREFIX/bin/pip install ckptdoctor-*.whl)", file=sys.stderr)
+        raise typer.Exit(1)
 
 
 @app.command(rich_help_panel="Reference")

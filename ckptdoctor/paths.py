@@ -41,3 +41,17 @@ def manpath() -> str | None:
     """The directory to add to MANPATH (the parent of man1), if the pages are installed."""
     p = next(p for p in places() if p.what == "man")
     return str(Path(p.path).parent) if p.exists and Path(p.path).name == "man1" else None
+
+
+def activation(shell: str) -> str | None:
+    """The line that enables completion for `shell` from wherever this install keeps it (a venv's
+    share/ is not on bash-completion's, zsh's or fish's search path)."""
+    import shlex
+    p = next(p for p in places() if p.what == shell)
+    if not p.exists:
+        return None
+    q = shlex.quote(p.path)
+    if shell == "zsh":
+        d = shlex.quote(str(Path(p.path).parent))
+        return f"fpath=({d} $fpath); autoload -Uz compinit && compinit -i"
+    return f"source {q}"

@@ -9,6 +9,7 @@ would silently drop every option).
 """
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -84,7 +85,10 @@ EXAMPLES = {
     "verify": ["ckptdoctor verify /scratch/run7                    # a run root: what resumes, what is broken",
                "ckptdoctor verify /scratch/run7/iter_0000300       # one checkpoint directory",
                "ckptdoctor verify s3://bucket/run7 --format json   # any fsspec URL",
-               "ckptdoctor verify --checksums --slice $SLURM_PROCID/$SLURM_NTASKS /scratch/run7/iter_0000300"],
+               "ckptdoctor verify --checksums --slice $SLURM_PROCID/$SLURM_NTASKS /scratch/run7/iter_0000300",
+               "ckptdoctor verify --target resume /scratch/run7 || exit 1   # the relaunch gate: exit 1 = do not resume",
+               "ckptdoctor verify --fix --dry-run /scratch/run7   # what --fix would repair (tracker, leftovers)",
+               "ckptdoctor verify --fix /scratch/run7             # repair under the run's lock, then judge again"],
     "manifest": ["ckptdoctor manifest /scratch/run7/iter_0000300"],
     "merge": ["ckptdoctor merge slice-*.json"],
     "publish": ["ckptdoctor publish /nvme/run7/iter_0000300 /lustre/run7",
@@ -108,6 +112,13 @@ EXAMPLES = {
                            "--recipe recipes/llama-lr2.yaml"],
     "digests diff": ["ckptdoctor digests diff /lustre/run7/iter_0000300 /lustre/run7-replay/iter_0000300"],
 }
+
+
+def first_sentence(help_text: str) -> str:
+    """The NAME line: the help's first sentence, whole (typer's first line can stop mid-sentence)."""
+    para = " ".join(help_text.split("\n\n", 1)[0].split())
+    m = re.search(r"(?<=[.?!])\s", para)
+    return para[:m.start()] if m else para
 
 
 def examples(name: str) -> str:
@@ -135,7 +146,7 @@ def generate() -> dict[str, str]:
         synopsis = f"ckptdoctor {sname} [OPTIONS]" + "".join(
             f" {p.name.upper()}" for p in sub.params if p.param_type_name == "argument")
         dashed = sname.replace(" ", "-")
-        files[f"man/ckptdoctor-{dashed}.1"] = page(f"ckptdoctor-{dashed}", (sub.help or "").splitlines()[0],
+        files[f"man/ckptdoctor-{dashed}.1"] = page(f"ckptdoctor-{dashed}", first_sentence(sub.help or ""),
                                                    synopsis, sub.help or "", sub.params,
                                                    examples(sname) + "\n" + EXIT + "\n.SH SEE ALSO\nckptdoctor(1)")
     for shell, fname in (("bash", "completions/ckptdoctor.bash"), ("zsh", "completions/_ckptdoctor"),

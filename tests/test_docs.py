@@ -52,3 +52,18 @@ def test_every_man_page_has_examples():
         text = page.read_text()
         assert ".SH EXAMPLES" in text and text.index(".SH EXAMPLES") < text.index(".SH EXIT STATUS"), page.name
         assert "ckptdoctor" in text.split(".SH EXAMPLES", 1)[1].split(".SH", 1)[0], page.name
+
+
+def test_man_page_names_are_whole_true_sentences_and_verify_shows_the_gate_and_fix():
+    """`man -k` and whatis show the NAME line alone: it must be a whole sentence (not cut where typer's
+    first help line ends), and verify's page shows the relaunch gate and --fix among its examples."""
+    import re
+    root = Path(__file__).resolve().parent.parent / "man"
+    for page in sorted(root.glob("*.1")):
+        text = page.read_text()
+        name = text.split(".SH NAME\n", 1)[1].split("\n", 1)[0]
+        assert re.search(r"[.?]$", name), (page.name, name)
+    verify = (root / "ckptdoctor-verify.1").read_text()
+    ex = verify.split(".SH EXAMPLES", 1)[1].split(".SH ", 1)[0]
+    assert "\\-\\-target resume" in ex and "\\-\\-fix" in ex
+    assert "Read\\-only" not in verify.split(".SH NAME\n", 1)[1].split("\n", 1)[0]  # --fix writes

@@ -23,17 +23,23 @@ if WHY:
 pytestmark = pytest.mark.skipif(bool(WHY), reason=f"REAL-SLURM TESTS SKIPPED: {WHY}")
 
 
+ENV = {"node": f"export CKPTDOCTOR={CKD}", "ctld": f"export CKPTDOCTOR={CKD}",
+       "badbin": "export CKPTDOCTOR=/opt/nowhere/bin/ckptdoctor",       # an admin's broken install
+       "badhold": "export CKPTDOCTOR=/opt/nowhere/bin/ckptdoctor CKPTDOCTOR_ON_ERROR=hold"}
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     root = tmp_path_factory.mktemp("slurmlab")
     os.chmod(root, 0o755)
     hooks = {}
-    for name, script, tag in (("prolog.sh", "prolog-wrapper.sh", "hook=node"),
-                              ("prolog_ctld.sh", "prolog-slurmctld.sh", "hook=ctld")):
-        p = root / name  # one lab, two hooks: a job picks one with its comment
+    for name, script, tags in (("prolog.sh", "prolog-wrapper.sh", ("node", "badbin", "badhold")),
+                               ("prolog_ctld.sh", "prolog-slurmctld.sh", ("ctld",))):
+        p = root / name  # one lab, two hooks: a job picks one (and a broken install) with its comment
         # the lab's slurm.conf is not at the default path, and PrologSlurmctld gets no SLURM_CONF
-        p.write_text(f"#!/bin/bash\ncase \"$SLURM_JOB_COMMENT\" in *{tag}*) ;; *) exit 0 ;; esac\n"
-                     f"export CKPTDOCTOR={CKD} SLURM_CONF={root}/etc/slurm.conf\n"
+        cases = "".join(f"  *hook={t}\\ *|*hook={t}) {ENV[t]} ;;\n" for t in tags)
+        p.write_text(f"#!/bin/bash\ncase \"$SLURM_JOB_COMMENT\" in\n{cases}  *) exit 0 ;;\nesac\n"
+                     f"export SLURM_CONF={root}/etc/slurm.conf CKPTDOCTOR_PROLOG_LOG={root}/prolog.log\n"
                      f"exec {REPO}/scripts/slurm/{script}\n")
         p.chmod(0o755)
         hooks[name] = str(p)
@@ -122,7 +128,8 @@ def test_prolog_hooks_hold_job_without_draining(lab, nodes_root, tmp_path, hook)
     try:
         j = lab.wait_job(jobid, states=("HELD", "COMPLETED", "FAILED", "CANCELLED"), timeout=60)
         assert j["JobState"] == "PENDING" and "held" in j["Reason"].lower(), j  # JobHeldAdmin or job_requeued_in_held_state
-        assert "CKD403" in j.get("AdminComment", "") and "n3" in j["AdminComment"], j
+        ac = j.get("AdminComment", "")
+        assert "CKD403" in ac and "n3" in ac and "iter_0000100/.metadata" in ac and len(ac) <= 400, j  # rule, node, file
         assert lab.states() == {n: "idle" for n in slurm_lab.NODES}
         assert os.listdir(trained) == []
     finally:
@@ -135,6 +142,64 @@ def test_prolog_hooks_hold_job_without_draining(lab, nodes_root, tmp_path, hook)
                  f"--comment=ckptdoctor={nodes_root}/{{node}}/run7 ranks=2 hook={hook}", str(job)], timeout=120)
     assert r.returncode == 0, r.stderr
     assert sorted(os.listdir(trained)) == [f"rank.{i}" for i in range(6)]
+
+
+def _submit(lab, job, comment, user=None):
+    cmd = ["sbatch", "--parsable", f"--comment={comment}", str(job)]
+    r = lab.run(["runuser", "-u", user, "--", *cmd] if user else cmd)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip().split(";")[0]
+
+
+def test_a_broken_install_does_not_hold_the_job_and_says_why(lab, nodes_root, tmp_path):
+    """The Prolog's binary is missing (an admin's broken install): the opted-in job runs anyway, and
+    the real error goes to the log; CKPTDOCTOR_ON_ERROR=hold holds it instead, saying why."""
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    os.chmod(tmp_path, 0o755)
+    job = _job(tmp_path, f"srun bash -c 'touch {trained}/rank.$SLURM_PROCID'",
+               opts=["-N3", "--ntasks-per-node=2", f"-o {tmp_path}/p.out"])
+    log = Path(lab.root) / "prolog.log"
+    r = lab.run(["sbatch", "--parsable", "--wait", f"--comment=ckptdoctor={nodes_root}/{{node}}/run7 ranks=2 hook=badbin",
+                 str(job)], timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(trained)) == [f"rank.{i}" for i in range(6)]
+    text = log.read_text()
+    assert "cannot run /opt/nowhere/bin/ckptdoctor (exit 127)" in text and "job proceeds" in text, text
+    jobid = _submit(lab, job, f"ckptdoctor={nodes_root}/{{node}}/run7 ranks=2 hook=badhold")
+    try:
+        j = lab.wait_job(jobid, states=("HELD", "COMPLETED", "FAILED", "CANCELLED"), timeout=60)
+        assert j["JobState"] == "PENDING" and "could not run" in j.get("AdminComment", ""), j
+        assert lab.states() == {n: "idle" for n in slurm_lab.NODES}
+    finally:
+        lab.run(["scancel", jobid])
+        lab.resume_all()
+
+
+def test_the_prolog_reads_as_the_jobs_user_not_as_root(lab, nodes_root, tmp_path):
+    """A healthy checkpoint under a root-only directory: root's own job passes the Prolog, while the
+    same comment from an unprivileged user's job is judged with that user's rights (it cannot read
+    the directory, so it is held) and its AdminComment names nothing inside the directory."""
+    secret = tmp_path / "secret"
+    shutil.copytree(nodes_root, secret / "nodes")
+    os.chmod(tmp_path, 0o755)
+    os.chmod(secret, 0o700)
+    pub = tmp_path / "pub"
+    pub.mkdir()
+    os.chmod(pub, 0o1777)
+    job = _job(pub, "true", opts=["-N3", "--ntasks-per-node=2", f"-o {pub}/%j.out"])
+    comment = f"ckptdoctor={secret}/nodes/{{node}}/run7 ranks=2 hook=node"
+    r = lab.run(["sbatch", "--parsable", "--wait", f"--comment={comment}", str(job)], timeout=120)
+    assert r.returncode == 0, r.stderr  # root may read it: the Prolog passes root's job
+    jobid = _submit(lab, job, comment, user="nobody")
+    try:
+        j = lab.wait_job(jobid, states=("HELD", "COMPLETED", "FAILED", "CANCELLED"), timeout=60)
+        ac = j.get("AdminComment", "")
+        assert j["JobState"] == "PENDING" and "ermission denied" in ac, j
+        assert "iter_0000100" not in ac and ".distcp" not in ac, ac  # nothing root could see leaks out
+    finally:
+        lab.run(["scancel", jobid])
+        lab.resume_all()
 
 
 def test_replacement_node_with_an_empty_disk_stops_the_job(lab, nodes_root, tmp_path):
