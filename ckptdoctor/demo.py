@@ -195,7 +195,19 @@ def _publish_scene(root: str, run: str, fmt: str, out) -> bool:
     for name in ("iter_0000300", "iter_0000200"):
         src = os.path.join(run, name)
         if name == "iter_0000200":
-            os.unlink(os.path.join(src, ".metadata.tmp"))  # the operator cleaned the stale commit leftover
+            # scene 1 called iter_0000200 incomplete (CKD102): the crashed second save left .metadata.tmp
+            # beside the first save's whole .metadata; the operator removes the leftover, on screen
+            leftover = os.path.join(src, ".metadata.tmp")
+            if fmt == "text":
+                out.write("\n# iter_0000200 was refused in scene 1 only for its leftover: the second save crashed "
+                          "while committing,\n# and its first save's .metadata and shards are whole. "
+                          "The operator removes the leftover:\n"
+                          f"$ rm {leftover}\n$ ckptdoctor verify {src}\n")
+            os.unlink(leftover)
+            veng = make_engine("verify", src)
+            vflow.run(src, veng)
+            render(veng.report, fmt, out)
+            ok = ok and not veng.report.failed()
         if fmt == "text":
             out.write("\n# scene 4: publish from node-local disk to durable storage\n" if name == "iter_0000300"
                       else "\n")

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The whole test suite on a fresh machine: creates .venv, installs torch 2.13.0 (CPU wheel, from
-# local disk) before anything else so no resolver can pull a CUDA build, then the package with its
-# test extras, then runs pytest.  Extra arguments go to pytest.
+# The whole test suite on a fresh machine: creates .venv, installs torch 2.13.0's CPU build before
+# anything else so no resolver can pull a CUDA build, then the package with its test extras, then
+# runs pytest.  Extra arguments go to pytest.  Network: torch (~200 MB, from a local wheelhouse if
+# pip's find-links has one, else download.pytorch.org/whl/cpu; TORCH_INDEX_URL overrides) and the
+# test extras from PyPI (~150 MB: numpy, moto, s3fs, paramiko, hypothesis, ...).
 #
 # PYTHON=python3.10 bash scripts/test.sh -m "not torch"   runs under another interpreter, in its own
 # venv (.venv-<version>).  torch is installed only where its CPU wheel is on disk (Python 3.11);
@@ -15,7 +17,11 @@ VENV=.venv
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 if [ "$VER" = "3.11" ]; then
-  "${PIP[@]}" torch==2.13.0
+  # torch's CPU build (about 200 MB) before anything else: from a local wheelhouse when pip has one
+  # (find-links), else from PyTorch's CPU index -- never PyPI's default, which is the CUDA build
+  # (several GB of nvidia-* wheels)
+  "${PIP[@]}" --no-index torch==2.13.0 2>/dev/null ||
+    "${PIP[@]}" --index-url "${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}" torch==2.13.0
   "${PIP[@]}" torchdata
 fi
 "${PIP[@]}" -e '.[test]'

@@ -176,13 +176,37 @@ def test_a_broken_install_does_not_hold_the_job_and_says_why(lab, nodes_root, tm
         lab.resume_all()
 
 
+import contextlib
+
+
+@contextlib.contextmanager
+def _searchable_for_others(paths):
+    """Let an unprivileged user reach the interpreter, the venv and the clone for the test's duration
+    (CI runs as root with the interpreter under /root, 0700): add o+x to each ancestor directory
+    that lacks it, and put every mode back afterwards."""
+    changed = []
+    for p in paths:
+        for d in [*reversed(Path(p).resolve().parents)]:
+            m = os.stat(d).st_mode
+            if not m & 0o001:
+                changed.append((d, m))
+                os.chmod(d, m | 0o001)
+    try:
+        yield
+    finally:
+        for d, m in reversed(changed):
+            os.chmod(d, m & 0o7777)
+
+
 def test_the_prolog_reads_as_the_jobs_user_not_as_root(lab, nodes_root, tmp_path):
     """A healthy checkpoint under a root-only directory: root's own job passes the Prolog, while the
     same comment from an unprivileged user's job is judged with that user's rights (it cannot read
     the directory, so it is held) and its AdminComment names nothing inside the directory."""
     secret = tmp_path / "secret"
     shutil.copytree(nodes_root, secret / "nodes")
-    os.chmod(tmp_path, 0o755)
+    for d in {*Path(lab.root).parents, Path(lab.root), *tmp_path.parents, tmp_path}:
+        if str(d).startswith("/tmp/") or d == Path(lab.root):  # pytest's 0700 base: let the job's user pass
+            os.chmod(d, os.stat(d).st_mode | 0o011)
     os.chmod(secret, 0o700)
     pub = tmp_path / "pub"
     pub.mkdir()
@@ -191,9 +215,10 @@ def test_the_prolog_reads_as_the_jobs_user_not_as_root(lab, nodes_root, tmp_path
     comment = f"ckptdoctor={secret}/nodes/{{node}}/run7 ranks=2 hook=node"
     r = lab.run(["sbatch", "--parsable", "--wait", f"--comment={comment}", str(job)], timeout=120)
     assert r.returncode == 0, r.stderr  # root may read it: the Prolog passes root's job
-    jobid = _submit(lab, job, comment, user="nobody")
-    try:
+    with _searchable_for_others([sys.executable, CKD, REPO / "ckptdoctor" / "cli.py"]):
+        jobid = _submit(lab, job, comment, user="nobody")
         j = lab.wait_job(jobid, states=("HELD", "COMPLETED", "FAILED", "CANCELLED"), timeout=60)
+    try:
         ac = j.get("AdminComment", "")
         assert j["JobState"] == "PENDING" and "ermission denied" in ac, j
         assert "iter_0000100" not in ac and ".distcp" not in ac, ac  # nothing root could see leaks out
