@@ -20,6 +20,9 @@ class Fmt(str, Enum):
     text = "text"
     json = "json"
     sarif = "sarif"
+    concise = "concise"   # path:rule:severity: message, one line each (logs, grep)
+    github = "github"     # GitHub Actions annotations
+    gitlab = "gitlab"     # GitLab code quality JSON
 
 
 class Target(str, Enum):
@@ -60,7 +63,8 @@ ConfigOpt = typer.Option(None, "--config", help="Config file (ckptdoctor.toml or
                          "[tool.ckptdoctor]); default: $CKPTDOCTOR_CONFIG, else found upward from the "
                          "current directory.")
 IsolatedOpt = typer.Option(False, "--isolated", help="Ignore every config file and $CKPTDOCTOR_CONFIG.")
-FormatOpt = typer.Option(Fmt.text, "--format", "-f", help="Output format on stdout.")
+FormatOpt = typer.Option(Fmt.text, "--format", "-f", help="Output format on stdout: text, json, sarif, concise "
+                         "(path:rule:severity: message per line), github (Actions annotations), gitlab (code quality).")
 DebugOpt = typer.Option(False, "--debug", help="Show tracebacks of internal errors.")
 QuietOpt = typer.Option(False, "--quiet", "-q", help="No progress or log lines on stderr.")
 VerboseOpt = typer.Option(False, "--verbose", "-v", help="Say which config file applied, and how long it took.")
@@ -129,6 +133,12 @@ def _finish(eng, fmt: Fmt) -> None:
     if eng.internal_errors:
         raise typer.Exit(EXIT_INTERNAL)
     raise typer.Exit(1 if eng.report.failed() else 0)
+
+
+def _text_or_json(fmt: Fmt, what: str) -> None:
+    """Listings and tools that print no findings report have only text and json."""
+    if fmt not in (Fmt.text, Fmt.json):
+        raise UsageError(f"{what} prints text or json (--format {fmt.value} is for findings reports)")
 
 
 def _render(report, fmt: Fmt) -> None:
@@ -252,6 +262,7 @@ def manifest(path: str = typer.Argument(..., help="One checkpoint directory (loc
     checkpoint that fails structural verify unless --force."""
     from .commands.manifest import write_manifest
     _logging(quiet, debug)
+    _text_or_json(format, "manifest")
     target, nfiles, nbytes = write_manifest(path, workers=workers, quiet=quiet, force=force, replace=replace)
     if format is Fmt.text:
         emit(lambda: print(f"wrote {target}: {nfiles} files, {nbytes} bytes"))
@@ -608,6 +619,7 @@ def rules(
 ):
     """List the rule catalog, or document one rule."""
     import json as _json
+    _text_or_json(format, "rules")
 
     from .engine.catalog import catalog, lookup
     if rule:
@@ -640,6 +652,7 @@ def layouts(format: Fmt = typer.Option(Fmt.text, "--format", "-f", help="Output 
            quiet: bool = QuietOpt, debug: bool = DebugOpt):
     """List the checkpoint families and their layouts (rules/layouts/<family>.yaml)."""
     import json as _json
+    _text_or_json(format, "layouts")
 
     from .layouts.spec import layouts as all_layouts
     ls = list(all_layouts().values())
@@ -691,6 +704,7 @@ def paths(format: Fmt = typer.Option(Fmt.text, "--format", "-f", help="Output fo
     import json as _json
 
     from .paths import activation, places
+    _text_or_json(format, "paths")
     ps = places()
     if activate is not None:
         line = activation(activate.value)

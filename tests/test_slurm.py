@@ -95,6 +95,10 @@ def test_first_step_preflight_lets_a_healthy_job_train(lab, nodes_root, tmp_path
     r = lab.run(["sbatch", "--wait", str(job)], timeout=120)
     assert r.returncode == 0, (r.stderr, out.read_text() if out.exists() else "")
     assert sorted(os.listdir(trained)) == [f"rank.{i}" for i in range(6)]
+    lines = out.read_text().splitlines()  # the job log: one line per node and one summary, no tables
+    assert sorted(x.split(":")[0] for x in lines if x.startswith("preflight ")) == \
+        ["preflight n1 (ranks 0-1)", "preflight n2 (ranks 2-3)", "preflight n3 (ranks 4-5)"], lines
+    assert len(lines) == 4 and "every node" in lines[-1] and all(len(x) < 160 for x in lines), lines
 
 
 def test_first_step_preflight_stops_job_with_stranded_shards(lab, nodes_root, tmp_path):

@@ -236,3 +236,59 @@ def test_manifest_json_output(tmp_path):
     rc, out, err = cli("manifest", "-q", "-f", "json", str(d))
     doc = json.loads(out)
     assert rc == 0 and doc["manifest"] == str(d / "ckptdoctor.manifest.json") and doc["files"] == 4
+
+
+# ---- issue 41: one line per finding for logs and CI ---------------------------------------------
+def _broken_run(tmp_path):
+    rc, out, err = cli("demo", str(tmp_path / "demo"))
+    return tmp_path / "demo" / "megatron-run"
+
+
+def test_concise_prints_one_line_per_finding_and_the_verdict(tmp_path):
+    import re
+    run = _broken_run(tmp_path)  # the demo repaired it at the end: break it again
+    (run / "iter_0000300" / "__0_0.distcp").unlink()
+    rc, out, err = cli("verify", "--format", "concise", str(run))
+    lines = out.splitlines()
+    assert rc == 1 and lines and "Traceback" not in err
+    for line in lines[:-1]:
+        assert re.fullmatch(r"[^\n]+:CKD\d{3}:(error|warning|info): \S.*", line), line
+    assert any(":CKD" in x and "__0_0.distcp" in x for x in lines[:-1])
+    assert re.fullmatch(r"verify: FAIL - \d+ errors?, \d+ warnings?, \d+ info; resumes from iter_\d+", lines[-1]), lines[-1]
+
+
+def test_github_annotations_follow_the_workflow_command_syntax(tmp_path):
+    import re
+    run = _broken_run(tmp_path)
+    (run / "iter_0000300" / "__0_0.distcp").unlink()
+    rc, out, err = cli("verify", "--format", "github", str(run))
+    anns = [x for x in out.splitlines() if x.startswith("::")]
+    assert rc == 1 and anns
+    for a in anns:  # properties escape % \r \n : , ; the message escapes % \r \n
+        m = re.fullmatch(r"::(error|warning|notice) file=([^,:\n]*),title=([^,:\n]*)::([^\r\n]*)", a)
+        assert m, a
+        assert "%0A" not in m.group(2)
+    assert any(a.startswith("::error ") and "%0Ahint: " in a for a in anns)
+
+
+def test_gitlab_code_quality_report_is_valid(tmp_path):
+    """GitLab's code quality artifact: an array of issues with the fields GitLab requires."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {"type": "array", "items": {
+        "type": "object", "required": ["description", "check_name", "fingerprint", "severity", "location"],
+        "properties": {"description": {"type": "string"}, "check_name": {"type": "string"},
+                       "fingerprint": {"type": "string", "minLength": 1},
+                       "severity": {"enum": ["info", "minor", "major", "critical", "blocker"]},
+                       "location": {"type": "object", "required": ["path", "lines"],
+                                    "properties": {"path": {"type": "string"},
+                                                   "lines": {"type": "object", "required": ["begin"],
+                                                             "properties": {"begin": {"type": "integer"}}}}}}}}
+    run = _broken_run(tmp_path)
+    (run / "iter_0000300" / "__0_0.distcp").unlink()
+    rc, out, err = cli("verify", "--format", "gitlab", str(run))
+    doc = json.loads(out)
+    jsonschema.validate(doc, schema)
+    assert rc == 1 and doc and len({d["fingerprint"] for d in doc}) == len(doc)
+    assert any(d["severity"] == "major" and d["check_name"].startswith("CKD1") for d in doc)
+    rc, out, err = cli("rules", "--format", "gitlab")
+    assert rc == 2 and "text or json" in err

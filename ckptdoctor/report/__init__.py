@@ -1,7 +1,8 @@
-"""Renderers: text for humans (stdout), json and sarif for machines.  One Report in, text out."""
+"""Renderers: text for humans (stdout), json and sarif for machines, one line per finding for logs
+and CI (concise, github, gitlab: lines.py).  One Report in, text out."""
 from __future__ import annotations
 
-FORMATS = ("text", "json", "sarif")
+FORMATS = ("text", "json", "sarif", "concise", "github", "gitlab")
 
 
 def render(report, fmt: str, out) -> None:
@@ -9,6 +10,9 @@ def render(report, fmt: str, out) -> None:
         from .json_out import render as r
     elif fmt == "sarif":
         from .sarif import render as r
+    elif fmt in ("concise", "github", "gitlab"):
+        from . import lines
+        r = getattr(lines, fmt)
     else:
         from .text import render as r
     r(report, out)

@@ -1,0 +1,73 @@
+"""One line per finding, for logs, grep and CI annotations.
+
+  concise  `path:rule:severity: message` per finding, then the verdict line the text report ends
+           with (`verify: ok - 0 errors, 0 warnings, 0 info`); for `preflight --local`, the verdict
+           names the node and its ranks, so a job's first step prints one line per node
+  github   GitHub Actions workflow commands: `::error file=PATH,title=RULE name::message` (warning,
+           notice for the other severities), values escaped as the runner requires, then the verdict
+  gitlab   GitLab code quality report: a JSON array of {description, check_name, fingerprint,
+           severity, location: {path, lines: {begin}}}
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+
+def _one_line(s) -> str:
+    return " ".join(str(s).split())
+
+
+def verdict(report) -> str:
+    from .text import plural
+    s = report.summary
+    who = report.command
+    view = report.facts.get("view") if report.command == "preflight" else None
+    if view:  # preflight --local: which node, which ranks
+        rs = view.get("ranks") or []
+        who += f" {view.get('node')}" + (f" (ranks {rs[0]}-{rs[-1]})" if len(rs) > 1 else f" (rank {rs[0]})" if rs else "")
+    line = (f"{who}: {'FAIL' if report.failed() else 'ok'} - {plural(s['error'], 'error')}, "
+            f"{plural(s['warning'], 'warning')}, {s['info']} info")
+    rf = report.facts.get("resume_from") if report.command in ("verify", "preflight") else None
+    if rf:
+        line += f"; resumes from {rf}"
+    return line
+
+
+def concise(report, out) -> None:
+    for f in report.findings:
+        out.write(f"{f.path}:{f.rule}:{f.severity}: {_one_line(f.message)}\n")
+    out.write(verdict(report) + "\n")
+
+
+_GH_LEVEL = {"error": "error", "warning": "warning", "info": "notice"}
+
+
+def _gh_data(s: str) -> str:
+    return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _gh_prop(s: str) -> str:
+    return _gh_data(s).replace(":", "%3A").replace(",", "%2C")
+
+
+def github(report, out) -> None:
+    for f in report.findings:
+        msg = f.message + (f"\nhint: {f.hint}" if f.hint else "")
+        out.write(f"::{_GH_LEVEL[f.severity]} file={_gh_prop(f.path)},title={_gh_prop(f.rule + ' ' + f.name)}"
+                  f"::{_gh_data(msg)}\n")
+    out.write(verdict(report) + "\n")
+
+
+_GL_SEVERITY = {"error": "major", "warning": "minor", "info": "info"}
+
+
+def gitlab(report, out) -> None:
+    issues = []
+    for f in report.findings:
+        fp = hashlib.sha256(f"{f.rule}\0{f.path}\0{f.message}".encode("utf-8", "surrogateescape")).hexdigest()
+        issues.append({"description": f"{f.rule} {f.name}: {_one_line(f.message)}", "check_name": f.rule,
+                       "fingerprint": fp, "severity": _GL_SEVERITY[f.severity],
+                       "location": {"path": f.path, "lines": {"begin": 1}}})
+    json.dump(issues, out, indent=2, ensure_ascii=False)
+    out.write("\n")
