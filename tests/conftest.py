@@ -8,6 +8,11 @@ import pytest
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
+# Text reports off a terminal wrap prose at $COLUMNS (100 when unset).  Tests read messages as text, so
+# they run with a width that never wraps (and in a UTF-8 locale); the wrapping and ASCII output are
+# tested on their own, with their own COLUMNS and locale (test_report_text.py).
+os.environ["COLUMNS"] = "100000"
+os.environ.setdefault("LANG", "C.UTF-8")
 
 try:
     import torch  # noqa: F401

@@ -19,7 +19,10 @@ ORIG = text.render
 
 def test_every_demo_report_renders_the_same_plain_and_with_rich(tmp_path, monkeypatch, capsys):
     """The demo makes a report of every command with a text view (verify run table, checksums,
-    reconcile simulation tables, publish, preflight node table, fix, prune, contract)."""
+    reconcile simulation tables, publish, preflight node table, fix, prune, contract).  (Wrapping at
+    $COLUMNS and ASCII tables are the plain console's own, tested below: off here.)"""
+    monkeypatch.setenv("COLUMNS", "100000")
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
     seen = []
 
     def both(report, out, plain=None):
@@ -55,7 +58,7 @@ def test_awkward_cells_plain_equals_rich():
              styled.Text(""), "plain str [dim]not markup[/dim]"]
     for obj in [t, *lines]:
         a, b = io.StringIO(), io.StringIO()
-        styled.PlainConsole(a).print(obj)
+        styled.PlainConsole(a, width=100_000, ascii_only=False).print(obj)
         styled.RichConsole(b, width=100_000, no_color=False, force_terminal=None).print(obj)
         assert a.getvalue() == b.getvalue()
 
@@ -85,3 +88,25 @@ def test_verify_to_a_pipe_does_not_import_rich(tmp_path):
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True)
     assert p.returncode == 1 and "CKD104 shard-truncated" in p.stdout and "┏" in p.stdout
     assert "RICH=False" in p.stderr
+
+
+def test_logs_get_ascii_tables_and_prose_within_the_width_and_paths_whole(tmp_path):
+    """A Slurm log under LC_ALL=C: no box-drawing characters; prose wrapped at $COLUMNS (100 when
+    unset); a path is never cut, so only a line that is one path may be wider."""
+    from ckptdoctor.demo import build_run
+    build_run(str(tmp_path / "r"))
+    deep = tmp_path / ("a-very-long-directory-name-" * 4) / "run"
+    import shutil
+    shutil.copytree(tmp_path / "r", deep)
+    for env in ({"LC_ALL": "C", "COLUMNS": "80"}, {"LC_ALL": "", "LANG": "", "LC_CTYPE": ""}):
+        full = {k: v for k, v in __import__("os").environ.items() if k not in ("LC_ALL", "LANG", "LC_CTYPE", "COLUMNS")}
+        full.update({k: v for k, v in env.items() if v})
+        p = subprocess.run([sys.executable, "-m", "ckptdoctor", "verify", str(deep)], capture_output=True, text=True,
+                           env=full)
+        width = int(env.get("COLUMNS", 100))
+        assert p.stdout.isascii(), p.stdout
+        for line in p.stdout.splitlines():
+            if len(line) > width:
+                assert str(deep) in line and len(line.split()) <= 2, line   # a path (with its label) alone
+        assert ("+==" in p.stdout) == (width == 100) and any(str(deep) in x for x in p.stdout.splitlines())
+        assert "iter_0000300" in p.stdout and "NO: CKD104 shard-truncated" in p.stdout  # rows, as lines when narrow

@@ -1,4 +1,5 @@
-"""Progress on stderr: a live bar on a TTY, a plain line every few seconds otherwise (Slurm .out)."""
+"""Progress on stderr: a live bar on a TTY (redrawn within the terminal's width), a plain line every
+10 s otherwise (a Slurm .out file shows a long --checksums run is alive without filling the log)."""
 from __future__ import annotations
 
 import sys
@@ -7,7 +8,7 @@ import time
 
 
 class Progress:
-    def __init__(self, total_bytes: int, label: str, enabled: bool = True, every: float = 5.0):
+    def __init__(self, total_bytes: int, label: str, enabled: bool = True, every: float = 10.0):
         self.total, self.label, self.every = total_bytes, label, every
         self.done = 0
         self.t0 = self.last = time.monotonic()
@@ -37,9 +38,12 @@ class Progress:
                f"{rate / 2**20:.0f} MiB/s, {duration(elapsed)} elapsed"
                + (f", about {duration(eta)} left" if self.done < self.total else ""))
         if self.tty:
-            width = 30
+            import shutil
+            cols = shutil.get_terminal_size((80, 24)).columns
+            width = 30 if cols >= 80 else 10
             fill = int(width * self.done / self.total)
-            sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {msg}\x1b[K")
+            line = f"[{'#' * fill}{'.' * (width - fill)}] {msg}"
+            sys.stderr.write("\r" + line[:max(1, cols - 1)] + "\x1b[K")  # a wrapped line would not redraw
         else:
             sys.stderr.write(f"ckptdoctor: {msg}\n")
         sys.stderr.flush()

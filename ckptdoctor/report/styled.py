@@ -74,17 +74,64 @@ def cell_len(s: str) -> int:
     return n
 
 
-class PlainConsole:
-    """Writes Text and Table without styles, as rich does when its output is not a terminal."""
+def utf8_locale(env=None) -> bool:
+    """Does the locale say UTF-8?  The first of LC_ALL, LC_CTYPE, LANG that is set decides, as in
+    setlocale(3); none set is the C locale.  (Python writes UTF-8 under LC_ALL=C anyway -- PEP 540 --
+    but the reader of a Slurm log under that locale may not decode it.)"""
+    import os
+    env = os.environ if env is None else env
+    if not env.get("LC_ALL") and env.get("LC_CTYPE") == "C.UTF-8" and env.get("LANG", "C") in ("C", "POSIX", ""):
+        return False  # Python itself set LC_CTYPE=C.UTF-8 over a C locale at start-up (PEP 538)
+    val = next((env[k] for k in ("LC_ALL", "LC_CTYPE", "LANG") if env.get(k)), "C")
+    return "utf-8" in val.lower() or "utf8" in val.lower()
 
-    def __init__(self, out):
+
+def plain_width(env=None) -> int:
+    """Columns for prose in logs and pipes: $COLUMNS, else 100."""
+    import os
+    env = os.environ if env is None else env
+    try:
+        return max(40, int(env.get("COLUMNS", "")))
+    except ValueError:
+        return 100
+
+
+_ASCII_BOX = str.maketrans("┏━┳┓┃┡╇┩│└─┴┘", "+=++|+++|+-++")
+
+
+class PlainConsole:
+    """Writes Text and Table without styles, as rich does when its output is not a terminal: prose
+    wrapped at `width` columns (a word -- a path -- is never cut, so a line holding a long path may
+    be wider), tables drawn in ASCII when the locale is not UTF-8."""
+
+    def __init__(self, out, width: int | None = None, ascii_only: bool | None = None):
         self.out = out
+        self.width = plain_width() if width is None else width
+        self.ascii = (not utf8_locale()) if ascii_only is None else ascii_only
 
     def print(self, obj) -> None:
         if isinstance(obj, Table):
-            self.out.write("".join(line + "\n" for line in _table_lines(obj)))
+            lines = _table_lines(obj)
+            body = lines[1:] if obj.title else lines   # the title is a path: never the reason to reflow
+            if max(cell_len(x) for x in body) > self.width:  # too wide for the log: one line per row instead
+                lines = ([_clean(obj.title)] if obj.title else []) + [
+                    self._wrap("  " + "  ".join(" ".join(_plain(c).split()) for c in cells if _plain(c).strip()))
+                    for cells, _ in obj.rows]
+            text = "".join(line + "\n" for line in lines)
+            self.out.write(text.translate(_ASCII_BOX) if self.ascii else text)
         else:
-            self.out.write(_clean(obj.plain if isinstance(obj, Text) else str(obj)) + "\n")
+            self.out.write(self._wrap(_clean(obj.plain if isinstance(obj, Text) else str(obj))) + "\n")
+
+    def _wrap(self, line: str) -> str:
+        if "\n" in line or cell_len(line) <= self.width:
+            return line
+        import textwrap
+        lead = len(line) - len(line.lstrip(" "))
+        if " " not in line.strip():
+            return line  # one word (a path): never cut, never moved
+        hang = " " * (11 if lead == 2 else lead + 2)  # a finding's lines continue under its path and hint
+        return textwrap.fill(line.lstrip(" "), self.width, initial_indent=" " * lead, subsequent_indent=hang,
+                             break_long_words=False, break_on_hyphens=False, drop_whitespace=True)
 
 
 def _plain(cell) -> str:
