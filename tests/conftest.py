@@ -8,11 +8,15 @@ import pytest
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
-# Text reports off a terminal wrap prose at $COLUMNS (100 when unset).  Tests read messages as text, so
-# they run with a width that never wraps (and in a UTF-8 locale); the wrapping and ASCII output are
-# tested on their own, with their own COLUMNS and locale (test_report_text.py).
-os.environ["COLUMNS"] = "100000"
 os.environ.setdefault("LANG", "C.UTF-8")
+
+
+@pytest.fixture(autouse=True)
+def _reports_never_wrap(monkeypatch):
+    """Text reports off a terminal wrap prose at $COLUMNS (100 when unset).  Tests read messages as
+    text, so each runs with a width that never wraps (set per test, so pytest's own output keeps its
+    width); the wrapping and ASCII output are tested on their own (test_report_text.py)."""
+    monkeypatch.setenv("COLUMNS", "100000")
 
 try:
     import torch  # noqa: F401

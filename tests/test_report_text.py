@@ -110,3 +110,29 @@ def test_logs_get_ascii_tables_and_prose_within_the_width_and_paths_whole(tmp_pa
                 assert str(deep) in line and len(line.split()) <= 2, line   # a path (with its label) alone
         assert ("+==" in p.stdout) == (width == 100) and any(str(deep) in x for x in p.stdout.splitlines())
         assert "iter_0000300" in p.stdout and "NO: CKD104 shard-truncated" in p.stdout  # rows, as lines when narrow
+
+
+def test_progress_in_a_log_every_ten_seconds_and_within_the_terminal_width(monkeypatch, capsys):
+    """Off a terminal: one plain line per 10 s of work (a Slurm log sees a long --checksums alive,
+    not flooded); on a narrow terminal the bar line is cut to its width, so `\\r` redraws it in place."""
+    import os as _os
+    from ckptdoctor.report import progress as P
+    now = [1000.0]
+    monkeypatch.setattr(P.time, "monotonic", lambda: now[0])
+    p = P.Progress(100 << 20, "hashing x")
+    p.tty = False
+    for _ in range(10):       # 9.9 s of work in 1.1 s steps... nothing yet
+        now[0] += 0.99
+        p(1 << 20)
+    assert capsys.readouterr().err == ""
+    now[0] += 0.2
+    p(1 << 20)
+    assert capsys.readouterr().err.startswith("ckptdoctor: hashing x: ")
+    monkeypatch.setattr(P.shutil if hasattr(P, "shutil") else __import__("shutil"), "get_terminal_size",
+                        lambda fallback=(80, 24): _os.terminal_size((50, 24)))
+    t = P.Progress(100 << 20, "hashing a-very-long-checkpoint-name-indeed")
+    t.tty = True
+    now[0] += 1
+    t(1 << 20)
+    out = capsys.readouterr().err
+    assert out.startswith("\r") and out.endswith("\x1b[K") and len(out[1:-3]) <= 49, repr(out)
