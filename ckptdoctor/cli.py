@@ -65,6 +65,12 @@ ConfigOpt = typer.Option(None, "--config", help="Config file (ckptdoctor.toml or
 IsolatedOpt = typer.Option(False, "--isolated", help="Ignore every config file and $CKPTDOCTOR_CONFIG.")
 FormatOpt = typer.Option(Fmt.text, "--format", "-f", help="Output format on stdout: text, json, sarif, concise "
                          "(path:rule:severity: message per line), github (Actions annotations), gitlab (code quality).")
+OutputOpt = typer.Option(None, "--output", "-o", help="Write the report to FILE (atomically: a reader never sees "
+                         "half a report) instead of stdout.")
+ExitZeroOpt = typer.Option(False, "--exit-zero", help="Exit 0 even when findings reach --fail-on (or the relaunch "
+                           "gate fails); usage errors and internal errors keep their codes.")
+StatisticsOpt = typer.Option(False, "--statistics", help="After the report, a count of findings per rule "
+                             "(on stderr, so the report's format stays what it is).")
 DebugOpt = typer.Option(False, "--debug", help="Show tracebacks of internal errors.")
 QuietOpt = typer.Option(False, "--quiet", "-q", help="No progress or log lines on stderr.")
 VerboseOpt = typer.Option(False, "--verbose", "-v", help="Say which config file applied, and how long it took.")
@@ -125,14 +131,41 @@ class Common:
     color: "Color" = None
 
 
-def _finish(eng, fmt: Fmt) -> None:
-    emit(lambda: _render(eng.report, fmt))
+def _finish(eng, fmt: Fmt, output: str | None = None, exit_zero: bool = False, statistics: bool = False) -> None:
+    if output:
+        _write_report(eng.report, fmt, output)
+    else:
+        emit(lambda: _render(eng.report, fmt))
+    if statistics:
+        _statistics(eng.report)
     if getattr(eng, "verbose", False):
         import time
         _say(f"ckptdoctor: {eng.report.command} took {time.monotonic() - eng.t0:.2f} s")
     if eng.internal_errors:
         raise typer.Exit(EXIT_INTERNAL)
-    raise typer.Exit(1 if eng.report.failed() else 0)
+    raise typer.Exit(1 if eng.report.failed() and not exit_zero else 0)
+
+
+def _write_report(report, fmt: Fmt, path: str) -> None:
+    """-o FILE: the whole report, written durably and renamed into place (never half a report)."""
+    import io
+    from .io.atomic import replace_file
+    buf = io.StringIO()
+    from .report import render
+    render(report, fmt.value, buf)
+    try:
+        replace_file(path, buf.getvalue().encode("utf-8", "surrogateescape"))
+    except OSError as exc:
+        raise UsageError(f"--output {path}: cannot write the report: {exc.strerror or exc}") from None
+
+
+def _statistics(report) -> None:
+    """--statistics: findings per rule, most first (as ruff prints them), on stderr."""
+    from collections import Counter
+    counts = Counter((f.rule, f.name, f.severity) for f in report.findings)
+    for (rule, name, sev), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0][0])):
+        print(f"{n:>6}  {rule}  {sev:<7}  {name}", file=sys.stderr)
+    print(f"{sum(counts.values()):>6}  findings in all", file=sys.stderr)
 
 
 def _text_or_json(fmt: Fmt, what: str) -> None:
@@ -207,7 +240,8 @@ def verify(
                                      "or a run root with nothing to resume from, passes the gate (a new run)."),
     select: list[str] | None = SelectOpt, ignore: list[str] | None = IgnoreOpt,
     fail_on: Level | None = FailOnOpt, severity: list[str] | None = SeverityOpt,
-    config: str | None = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
+    config: str | None = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt, output: str | None = OutputOpt,
+    exit_zero: bool = ExitZeroOpt, statistics: bool = StatisticsOpt,
     debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt, color: Color = ColorOpt,
 ):
     """Check a checkpoint or run root: completeness, sizes, markers, trackers, coverage. Read-only
@@ -233,7 +267,7 @@ def verify(
         eng = doctor.run_and_fix(path, make_engine, layout=layout, target=target.value, fix_to=fix_to,
                                  quarantine=quarantine, dry_run=dry_run, allow_fresh=allow_fresh,
                                  say=lambda line: quiet or _say(f"ckptdoctor: {line}"))
-    _finish(eng, format)
+    _finish(eng, format, output, exit_zero, statistics)
 
 
 def _parse_slice(value: str | None, reads: bool):
@@ -312,7 +346,8 @@ def publish(
                                   "before giving up with nothing committed (exit 75)."),
     select: list[str] | None = SelectOpt, ignore: list[str] | None = IgnoreOpt,
     fail_on: Level | None = FailOnOpt, severity: list[str] | None = SeverityOpt,
-    config: str | None = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
+    config: str | None = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt, output: str | None = OutputOpt,
+    exit_zero: bool = ExitZeroOpt, statistics: bool = StatisticsOpt,
     debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt, color: Color = ColorOpt,
 ):
     """Copy a checkpoint so it appears whole or not at all: verify, copy+hash, fsync, manifest,
@@ -363,7 +398,7 @@ def publish(
         raise typer.Exit(143 if term else 130) from None
     finally:
         signal.signal(signal.SIGTERM, old)
-    _finish(eng, format)  # refused = the source's error findings, so the exit status is 1
+    _finish(eng, format, output, exit_zero, statistics)  # refused = the source's error findings, so the exit status is 1
 
 
 @app.command(rich_help_panel="Publishing")
@@ -376,7 +411,8 @@ def prune(
     fail_on: Level | None = typer.Option(None, "--fail-on", help="Also exit 1 when a kept checkpoint has a "
                                          "finding at or above this severity (by default prune exits by "
                                          "its own outcome: 0 when the policy was applied)."),
-    format: Fmt = FormatOpt, debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt,
+    format: Fmt = FormatOpt, output: str | None = OutputOpt,
+    exit_zero: bool = ExitZeroOpt, statistics: bool = StatisticsOpt, debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt,
     color: Color = ColorOpt,
 ):
     """Remove old checkpoints by a retention policy; never the tracker's target, the resume target,
@@ -387,7 +423,7 @@ def prune(
     eng = _engine("prune", path, c, {"keep_last": keep_last, "keep_every": keep_every})
     flow.run(path, eng, keep_last=eng.opt("keep_last"), keep_every=eng.opt("keep_every"), dry_run=dry_run)
     eng.report.fail_on = fail_on.value if fail_on else "never"   # a nightly cron fails only when asked to
-    _finish(eng, format)
+    _finish(eng, format, output, exit_zero, statistics)
 
 
 @app.command(rich_help_panel="Inspection")
@@ -411,7 +447,8 @@ def reconcile(
                                              "checkpoints)."),
     select: list[str] | None = SelectOpt, ignore: list[str] | None = IgnoreOpt,
     fail_on: Level | None = FailOnOpt, severity: list[str] | None = SeverityOpt,
-    config: str | None = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
+    config: str | None = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt, output: str | None = OutputOpt,
+    exit_zero: bool = ExitZeroOpt, statistics: bool = StatisticsOpt,
     debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt, color: Color = ColorOpt,
 ):
     """Check that an RL run resumes on the same data: sampler cursor vs replay buffer vs dataloader.
@@ -431,7 +468,7 @@ def reconcile(
     eng = flow.run_and_fix(path, lambda: _engine("reconcile", path, c), profile=profile, maps=map_ or [],
                            steps=steps, simulate=simulate, fix_it=fix, fix_output=fix_output,
                            say=lambda line: quiet or print(f"ckptdoctor: {line}", file=sys.stderr))
-    _finish(eng, format)
+    _finish(eng, format, output, exit_zero, statistics)
 
 
 @app.command(rich_help_panel="Inspection")
@@ -474,7 +511,8 @@ def preflight(
                                             "schema read-plan`) [default: the checkpoint manifest's]."),
     select: list[str] | None = SelectOpt, ignore: list[str] | None = IgnoreOpt,
     fail_on: Level | None = FailOnOpt, severity: list[str] | None = SeverityOpt,
-    config: str | None = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt,
+    config: str | None = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt, output: str | None = OutputOpt,
+    exit_zero: bool = ExitZeroOpt, statistics: bool = StatisticsOpt,
     debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt, color: Color = ColorOpt,
 ):
     """Before a relaunch: can every rank of this allocation read what it will load?  Read-only."""
@@ -494,7 +532,7 @@ def preflight(
             vflow.judge(vflow.report_files(list(views)), eng, expand(nl) if nl else None)
         except HostlistError as exc:
             raise UsageError(f"--nodelist {nl!r}: {exc}") from None
-        _finish(eng, format)
+        _finish(eng, format, output, exit_zero, statistics)
         return
     if not location:
         raise UsageError("preflight needs LOCATION (or --views REPORT...)")
@@ -518,7 +556,7 @@ def preflight(
         return eng
     limit = timeout if timeout is not None else (flow.LOCAL_TIMEOUT_S if local else None)
     eng = bounded(limit, attempt, "preflight")
-    _finish(eng, format)
+    _finish(eng, format, output, exit_zero, statistics)
 
 
 # ---- the run contract ---------------------------------------------------------------------------
@@ -536,7 +574,8 @@ def contract_init(
                                              "file's size and content hash."),
     recipe: list[str] | None = typer.Option(None, "--recipe", help="Recipe/config file (repeatable)."),
     total_steps: int | None = typer.Option(None, "--total-steps", help="The run's total step count."),
-    format: Fmt = FormatOpt, debug: bool = DebugOpt, quiet: bool = QuietOpt,
+    format: Fmt = FormatOpt, output: str | None = OutputOpt,
+    exit_zero: bool = ExitZeroOpt, statistics: bool = StatisticsOpt, debug: bool = DebugOpt, quiet: bool = QuietOpt,
 ):
     """Record the run contract's first phase; refuses if RUN_ROOT already has a contract."""
     _logging(quiet, debug)
@@ -545,7 +584,7 @@ def contract_init(
     eng = _engine("contract", run_root, Common(None, None, None, None, None, True, format, debug, quiet))
     c = C.init(run_root, code, list(data or []), list(recipe or []), total_steps)
     cflow.written(eng, c, say=None if quiet else _say)
-    _finish(eng, format)
+    _finish(eng, format, output, exit_zero, statistics)
 
 
 @contract_app.command("check")
@@ -553,7 +592,8 @@ def contract_check(
     run_root: str = typer.Argument(..., help="The run root holding ckptdoctor.contract.json."),
     total_steps: int | None = typer.Option(None, "--total-steps", help="The total step count the relaunch "
                                               "uses; compared with the contract."),
-    format: Fmt = FormatOpt, debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt,
+    format: Fmt = FormatOpt, output: str | None = OutputOpt,
+    exit_zero: bool = ExitZeroOpt, statistics: bool = StatisticsOpt, debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt,
     color: Color = ColorOpt,
 ):
     """Re-hash what the newest phase names; each changed, added or removed item is a finding (exit 1)."""
@@ -562,7 +602,7 @@ def contract_check(
     c = Common(None, None, None, None, None, True, format, debug, quiet, verbose, color)
     eng = _engine("contract", run_root, c)
     cflow.check(run_root, eng, total_steps)
-    _finish(eng, format)
+    _finish(eng, format, output, exit_zero, statistics)
 
 
 @contract_app.command("new-phase")
@@ -575,7 +615,8 @@ def contract_new_phase(
                                                "phase's]."),
     total_steps: int | None = typer.Option(None, "--total-steps", help="New total step count [default: the "
                                               "previous phase's]."),
-    format: Fmt = FormatOpt, debug: bool = DebugOpt, quiet: bool = QuietOpt,
+    format: Fmt = FormatOpt, output: str | None = OutputOpt,
+    exit_zero: bool = ExitZeroOpt, statistics: bool = StatisticsOpt, debug: bool = DebugOpt, quiet: bool = QuietOpt,
 ):
     """Append a phase (what is on disk now, with its reason); earlier phases are never edited."""
     _logging(quiet, debug)
@@ -585,7 +626,7 @@ def contract_new_phase(
     c = C.new_phase(run_root, reason, code, list(data) if data else None, list(recipe) if recipe else None,
                     total_steps)
     cflow.written(eng, c, say=None if quiet else _say)
-    _finish(eng, format)
+    _finish(eng, format, output, exit_zero, statistics)
 
 
 # ---- resume digests -------------------------------------------------------------------------------
@@ -598,7 +639,8 @@ app.add_typer(digests_app, name="digests", rich_help_panel="Resume proofs")
 def digests_diff(
     a: str = typer.Argument(..., help="A checkpoint with ckptdoctor.digests/ (or that directory)."),
     b: str = typer.Argument(..., help="Another one."),
-    format: Fmt = FormatOpt, debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt,
+    format: Fmt = FormatOpt, output: str | None = OutputOpt,
+    exit_zero: bool = ExitZeroOpt, statistics: bool = StatisticsOpt, debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt,
     color: Color = ColorOpt,
 ):
     """Which items of which ranks differ between two digest sets (exit 1 when any does)."""
@@ -607,7 +649,7 @@ def digests_diff(
     c = Common(None, None, None, None, None, True, format, debug, quiet, verbose, color)
     eng = _engine("digests", b, c)
     dflow.diff(a, b, eng)
-    _finish(eng, format)
+    _finish(eng, format, output, exit_zero, statistics)
 
 
 @app.command(rich_help_panel="Reference")

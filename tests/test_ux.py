@@ -293,3 +293,26 @@ def test_gitlab_code_quality_report_is_valid(tmp_path):
     assert any(d["severity"] == "major" and d["check_name"].startswith("CKD1") for d in doc)
     rc, out, err = cli("rules", "--format", "gitlab")
     assert rc == 2 and "text or json" in err
+
+
+def test_output_file_exit_zero_and_statistics(tmp_path):
+    """-o FILE gets exactly the report stdout would get (written atomically, no temp left beside it);
+    --exit-zero turns a failing verdict into exit 0 but never a usage error; --statistics counts
+    findings per rule on stderr and leaves the report's format alone."""
+    run = _broken_run(tmp_path)
+    (run / "iter_0000300" / "__0_0.distcp").unlink()
+    rc, out, err = cli("verify", "-f", "concise", str(run))
+    assert rc == 1
+    rc2, out2, err2 = cli("verify", "-f", "concise", "-o", str(tmp_path / "rep.json"), str(run))
+    assert rc2 == 1 and out2 == "" and (tmp_path / "rep.json").read_text() == out
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("rep")) == ["rep.json"]
+    rc, out3, err3 = cli("verify", "--exit-zero", "-f", "json", str(run))
+    assert rc == 0 and json.loads(out3)["summary"]["error"] > 0
+    rc, o, e = cli("verify", "--exit-zero", "--select", "NOPE999", str(run))
+    assert rc == 2
+    rc, out4, err4 = cli("verify", "--statistics", "-f", "json", str(run))
+    doc = json.loads(out4)
+    n = sum(1 for f in doc["findings"] if f["rule"] == doc["findings"][0]["rule"])
+    assert rc == 1 and f"{n:>6}  {doc['findings'][0]['rule']}" in err4 and "findings in all" in err4
+    rc, o, e = cli("verify", "-o", str(tmp_path / "no" / "such" / "dir" / "r.json"), str(run))
+    assert rc == 2 and "--output" in e and "Traceback" not in e
