@@ -407,7 +407,10 @@ def prune(
     keep_last: int | None = typer.Option(None, "--keep-last", help="Keep the newest K checkpoints."),
     keep_every: int | None = typer.Option(None, "--keep-every", help="Also keep every checkpoint whose step "
                                              "is a multiple of M."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; remove nothing."),
+    keep_within: str | None = typer.Option(None, "--keep-within", help="Also keep every checkpoint written "
+                                              "within DURATION (7d, 36h, 1w2d, 90min; by its newest file)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan and the bytes it would free; remove "
+                                 "nothing."),
     fail_on: Level | None = typer.Option(None, "--fail-on", help="Also exit 1 when a kept checkpoint has a "
                                          "finding at or above this severity (by default prune exits by "
                                          "its own outcome: 0 when the policy was applied)."),
@@ -421,7 +424,8 @@ def prune(
     from .commands import prune as flow
     c = Common(None, None, None, None, None, True, format, debug, quiet, verbose, color)
     eng = _engine("prune", path, c, {"keep_last": keep_last, "keep_every": keep_every})
-    flow.run(path, eng, keep_last=eng.opt("keep_last"), keep_every=eng.opt("keep_every"), dry_run=dry_run)
+    flow.run(path, eng, keep_last=eng.opt("keep_last"), keep_every=eng.opt("keep_every"), dry_run=dry_run,
+             keep_within=keep_within)
     eng.report.fail_on = fail_on.value if fail_on else "never"   # a nightly cron fails only when asked to
     _finish(eng, format, output, exit_zero, statistics)
 

@@ -179,3 +179,30 @@ def test_prune_keeps_one_being_written(four):
 def test_prune_needs_a_policy(four):
     rc, out, err = cli("prune", str(four))
     assert rc == 2 and "needs a policy" in err
+
+
+def _age(path, days):
+    import time
+    t = time.time() - days * 86400
+    for p in [path, *path.rglob("*")]:
+        os.utime(p, (t, t))
+
+
+def test_prune_keep_within_keeps_recent_checkpoints_and_says_what_it_frees(four):
+    """restic's --keep-within: checkpoints written within the duration stay whatever the count; the
+    dry run and the real run both say how many bytes go, and the same ones do go."""
+    for name, days in (("iter_0000100", 20), ("iter_0000200", 20), ("iter_0000300", 3), ("iter_0000400", 1)):
+        _age(four / name, days)
+    (four / TRACKER).write_text("400")
+    rc, out, err = cli("prune", "--keep-last", "1", "--keep-within", "7d", "--dry-run", "-f", "json", str(four))
+    pr = json.loads(out)["facts"]["pruned"]
+    assert rc == 0 and sorted(pr["removed"]) == ["iter_0000100", "iter_0000200"], pr
+    assert pr["kept"]["iter_0000300"] == "written within the last 1w" or "within the last" in pr["kept"]["iter_0000300"]
+    size = sum(f.stat().st_size for n in ("iter_0000100", "iter_0000200") for f in (four / n).rglob("*") if f.is_file())
+    assert pr["bytes"] == size
+    rc, out, err = cli("prune", "--keep-last", "1", "--keep-within", "7d", str(four))
+    assert rc == 0 and "freed " in out and sorted(e for e in os.listdir(four) if e.startswith("iter_")) == \
+        ["iter_0000300", "iter_0000400"]
+    for bad in ("7m", "seven days", "", "7d-1h"):
+        rc, out, err = cli("prune", "--keep-within", bad, str(four))
+        assert rc == 2 and "--keep-within" in err and "Traceback" not in err, (bad, err)

@@ -1,4 +1,4 @@
-"""`ckptdoctor prune RUN_ROOT --keep-last K [--keep-every M] [--dry-run]`: the retention publish
+"""`ckptdoctor prune RUN_ROOT --keep-last K [--keep-every M] [--keep-within 7d] [--dry-run]`: the retention publish
 uses, on its own.  Never removed: the tracker's target, the checkpoint the framework resumes from,
 the newest complete checkpoint, and anything still being written (a staging sibling exists).
 Removal renames to a trash name first, then deletes; `--dry-run` only prints the plan."""
@@ -10,9 +10,16 @@ from ..publishing import retention
 from . import verify as vflow
 
 
-def run(location: str, engine: Engine, *, keep_last: int | None, keep_every: int | None, dry_run: bool) -> dict:
-    if keep_last is None and not keep_every:
-        raise UsageError("prune needs a policy: --keep-last K and/or --keep-every M")
+def run(location: str, engine: Engine, *, keep_last: int | None, keep_every: int | None, dry_run: bool,
+        keep_within: str | None = None) -> dict:
+    if keep_last is None and not keep_every and keep_within is None:
+        raise UsageError("prune needs a policy: --keep-last K, --keep-every M and/or --keep-within DURATION")
+    within = None
+    if keep_within is not None:
+        try:
+            within = retention.parse_duration(keep_within)
+        except ValueError as exc:
+            raise UsageError(f"--keep-within {exc}") from None
     if keep_last is not None and keep_last < 1:
         raise UsageError("--keep-last must be at least 1")
     if keep_every is not None and keep_every < 1:
@@ -35,11 +42,14 @@ def run(location: str, engine: Engine, *, keep_last: int | None, keep_every: int
         newest = runv.newest_complete()
         if newest:
             protect.setdefault(newest.name, "the newest complete checkpoint")
+        rows = {r["name"]: r for r in rep.facts.get("checkpoints") or []}
         p = retention.plan(entries, runv.layout, keep_last=keep_last, keep_every=keep_every, protect=protect,
-                           real_dir=dest.real_dir)
+                           real_dir=dest.real_dir, keep_within=within,
+                           ages={n: r.get("age_seconds") for n, r in rows.items()})
         if not dry_run:
             dest.prune(p.removed)
-    out = {"dry_run": dry_run, "removed": p.removed, "kept": p.kept}
+    freed = sum(rows[n].get("bytes") or 0 for n in p.removed if n in rows)
+    out = {"dry_run": dry_run, "removed": p.removed, "kept": p.kept, "bytes": freed}
     rep.facts["pruned"] = out
     return out
 

@@ -24,9 +24,12 @@ class Pruned:
 
 
 def plan(entries: list[str], layout: Layout, *, keep_last: int | None, keep_every: int | None,
-         protect: dict[str, str], real_dir=None) -> Pruned:
+         protect: dict[str, str], real_dir=None, keep_within: float | None = None,
+         ages: dict[str, float | None] | None = None) -> Pruned:
     """`real_dir(name)`: is the entry a real directory (not a symlink, regular file or special file)?
-    Anything else with a step name is left alone and said so: never renamed, followed or opened."""
+    Anything else with a step name is left alone and said so: never renamed, followed or opened.
+    `keep_within` (seconds) keeps every checkpoint younger than that by `ages` (seconds since its
+    newest file); one whose age is unknown is kept."""
     steps = sorted(((layout.steps.step(e), e) for e in entries if layout.steps.step(e) is not None), reverse=True)
     res = Pruned()
     odd = {n for _, n in steps if real_dir is not None and not real_dir(n)}
@@ -39,17 +42,45 @@ def plan(entries: list[str], layout: Layout, *, keep_last: int | None, keep_ever
             why = f"one of the newest {keep_last}"
         if why is None and keep_every and step % keep_every == 0:
             why = f"step {step} is a multiple of {keep_every}"
+        if why is None and keep_within is not None:
+            age = (ages or {}).get(name)
+            if age is None:
+                why = "its age is unknown (kept under --keep-within)"
+            elif age <= keep_within:
+                why = f"written within the last {duration_text(keep_within)}"
         if why is None:
             staging = [e for e in naming.staging_for(layout, name, entries) if not _dead_publish(e)]
             if staging:
                 why = f"still being written ({staging[0]})"
-        if why is None and keep_last is None and not keep_every:
+        if why is None and keep_last is None and not keep_every and keep_within is None:
             why = "no retention policy given"
         if why:
             res.kept[name] = why
         else:
             res.removed.append(name)
     return res
+
+
+_UNITS = {"s": 1, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> float:
+    """`7d`, `36h`, `1w2d`, `90min`, `45s` -> seconds.  A bare `m` is refused: minutes or months?"""
+    import re
+    t = text.strip().lower()
+    parts = re.findall(r"(\d+)\s*(min|[smhdw])", t)
+    if not t or "".join(n + u for n, u in parts) != re.sub(r"\s+", "", t):
+        raise ValueError(f"{text!r}: a duration is numbers with units s, min, h, d, w (e.g. 7d, 36h, 1w2d)")
+    if any(u == "m" for _, u in parts):
+        raise ValueError(f"{text!r}: write min for minutes (m could be months)")
+    return float(sum(int(n) * _UNITS[u] for n, u in parts))
+
+
+def duration_text(seconds: float) -> str:
+    for u in ("w", "d", "h", "min"):
+        if seconds >= _UNITS[u] and seconds % _UNITS[u] == 0:
+            return f"{int(seconds // _UNITS[u])}{u}"
+    return f"{int(seconds)}s"
 
 
 def prune(root: str, names: list[str]) -> None:

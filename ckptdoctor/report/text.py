@@ -120,6 +120,9 @@ def render(report, out, plain: bool | None = None) -> None:
             con.print(Text(f"kept {n}: {why}", style="dim"))
         if not pr["removed"]:
             con.print(Text("nothing to remove"))
+        else:
+            con.print(Text(f"{'would free' if pr['dry_run'] else 'freed'} {_size(pr.get('bytes') or 0)} "
+                           f"({plural(len(pr['removed']), 'checkpoint')})"))
     for line in facts.get("notes") or []:
         con.print(Text(line))
     s = report.summary
