@@ -110,3 +110,26 @@ def test_glob_matcher_is_fnmatchcase():
     for pattern, name, want in (("*.distcp", "__0_0.distcp", True), ("*.distcp", ".distcp", True),
                                 ("iter_*", "iter_", True), ("a*a", "a", False), (".metadata", ".metadata\n", False)):
         assert spec.match_any(name, (pattern,)) is want, (pattern, name)
+
+
+def test_rule_docs_cite_only_what_ships_or_public_urls():
+    """A user has the rule docs, the README and the public web, not the team's notes: no rule cites a
+    seed document or a numbered pitfall, and every reference is a URL or a file in this repository."""
+    import re
+    from pathlib import Path
+    from ckptdoctor.engine.catalog import catalog
+    root = Path(__file__).resolve().parent.parent
+    for r in catalog().values():
+        text = " ".join(str(getattr(r, k, "") or "") for k in ("summary", "why", "fix", "example"))
+        assert not re.search(r"\bseed \d|\bpitfall \d", text, re.I), (r.id, text)
+        for ref in r.references or []:
+            assert ref.startswith("https://") or (root / ref.split(" (")[0]).exists(), (r.id, ref)
+
+
+def test_the_tracker_dangling_hint_names_the_command_that_fixes_it(tmp_path):
+    from ckptdoctor import api
+    from ckptdoctor.demo import build_run
+    build_run(str(tmp_path / "run"))
+    rep = api.verify(str(tmp_path / "run"))
+    (hit,) = [f for f in rep.findings if f.rule == "CKD113"]
+    assert hit.hint.startswith("`ckptdoctor verify --fix ") and "iter_0000100" in hit.hint and "--dry-run" in hit.hint

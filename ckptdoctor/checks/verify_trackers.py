@@ -53,14 +53,16 @@ def tracker_dangling(run, eng):
                                                   + instead,
                   details={"tracker": spec.file, "target": val.target,
                            "newest_complete": done.name if done else None},
-                  hint="repoint the tracker at a complete checkpoint" if done else None)
+                  hint=(f"`ckptdoctor verify --fix {run.storage.show('')}` repoints it at {done.name} (add --dry-run to see "
+                        f"how first)") if done else None)
     elif not run.status[val.target].complete:
         st = run.status[val.target]
         yield Hit(run.storage.show(spec.file), f"tracker names {val.target}, which is incomplete "
                                                   f"({', '.join(st.reasons[:3])})" + instead,
                   details={"tracker": spec.file, "target": val.target, "why": st.reasons,
                            "newest_complete": done.name if done else None},
-                  hint="repoint the tracker at a complete checkpoint" if done else None)
+                  hint=(f"`ckptdoctor verify --fix {run.storage.show('')}` repoints it at {done.name} (add --dry-run to see "
+                        f"how first)") if done else None)
 
 
 @check("CKD114", "run")
