@@ -206,7 +206,9 @@ def _logging(quiet: bool, debug: bool) -> None:
 # ---- commands ------------------------------------------------------------------------------
 @app.command(rich_help_panel="Inspection")
 def verify(
-    path: str = typer.Argument(..., help="Checkpoint directory, run root, or fsspec URL (s3://, file://)."),
+    paths: list[str] = typer.Argument(..., metavar="PATH...", help="Checkpoint directories, run roots, or fsspec "
+                                      "URLs (s3://, file://); several give one report per path and the worst "
+                                      "exit status."),
     layout: str | None = typer.Option(None, "--layout", autocompletion=_complete_layouts,
                                          help="Force a layout (see `ckptdoctor layouts`)."),
     target: Target = typer.Option(Target.all, "--target", help="all: every checkpoint decides the exit status; "
@@ -250,24 +252,51 @@ def verify(
     from .commands import verify as flow
     sl = _parse_slice(slice_, checksums or deep)
     c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet, verbose, color)
-
-    def make_engine():
-        return _engine("verify", path, c, {"num_experts": num_experts, "mtime_tolerance": mtime_tolerance,
-                                           "checksums": checksums or None, "slice": sl, "workers": workers,
-                                           "deep": deep or None})
     if (fix_to is not None or quarantine or dry_run) and not fix:
         raise UsageError("--fix-to, --quarantine and --dry-run only make sense with --fix")
     if allow_fresh and target.value != "resume":
         raise UsageError("--allow-fresh only makes sense with --target resume (the relaunch gate)")
-    if not fix:
-        eng = make_engine()
-        flow.run(path, eng, layout=layout, target=target.value, allow_fresh=allow_fresh)
-    else:
+
+    def one(path: str):
+        def make_engine():
+            return _engine("verify", path, c, {"num_experts": num_experts, "mtime_tolerance": mtime_tolerance,
+                                               "checksums": checksums or None, "slice": sl, "workers": workers,
+                                               "deep": deep or None})
+        if not fix:
+            eng = make_engine()
+            flow.run(path, eng, layout=layout, target=target.value, allow_fresh=allow_fresh)
+            return eng
         from .commands import fix as doctor
-        eng = doctor.run_and_fix(path, make_engine, layout=layout, target=target.value, fix_to=fix_to,
-                                 quarantine=quarantine, dry_run=dry_run, allow_fresh=allow_fresh,
-                                 say=lambda line: quiet or _say(f"ckptdoctor: {line}"))
-    _finish(eng, format, output, exit_zero, statistics)
+        return doctor.run_and_fix(path, make_engine, layout=layout, target=target.value, fix_to=fix_to,
+                                  quarantine=quarantine, dry_run=dry_run, allow_fresh=allow_fresh,
+                                  say=lambda line: quiet or _say(f"ckptdoctor: {line}"))
+    if len(paths) == 1:
+        _finish(one(paths[0]), format, output, exit_zero, statistics)
+    _finish_many([one(p) for p in paths], format, output, exit_zero, statistics)
+
+
+def _finish_many(engines: list, fmt: Fmt, output: str | None, exit_zero: bool, statistics: bool) -> None:
+    """Several paths in one call: one document (text: each path's report then one line; json: a
+    `reports` list; sarif: one run per path), one exit status, the worst."""
+    from .report import render_many
+    reports = [e.report for e in engines]
+    if output:
+        import io
+        from .io.atomic import replace_file
+        buf = io.StringIO()
+        render_many(reports, fmt.value, buf)
+        try:
+            replace_file(output, buf.getvalue().encode("utf-8", "surrogateescape"))
+        except OSError as exc:
+            raise UsageError(f"--output {output}: cannot write the report: {exc.strerror or exc}") from None
+    else:
+        emit(lambda: render_many(reports, fmt.value, sys.stdout))
+    if statistics:
+        from .engine.finding import Report
+        _statistics(Report(command="verify", target="", findings=[f for r in reports for f in r.findings]))
+    if any(e.internal_errors for e in engines):
+        raise typer.Exit(EXIT_INTERNAL)
+    raise typer.Exit(1 if any(r.failed() for r in reports) and not exit_zero else 0)
 
 
 def _parse_slice(value: str | None, reads: bool):

@@ -316,3 +316,22 @@ def test_output_file_exit_zero_and_statistics(tmp_path):
     assert rc == 1 and f"{n:>6}  {doc['findings'][0]['rule']}" in err4 and "findings in all" in err4
     rc, o, e = cli("verify", "-o", str(tmp_path / "no" / "such" / "dir" / "r.json"), str(run))
     assert rc == 2 and "--output" in e and "Traceback" not in e
+
+
+def test_verify_several_paths_one_document_and_the_worst_exit(tmp_path):
+    """`verify A B`: one process, one document (json: a `reports` list valid against the shipped
+    schema; text: each report, then one line), one exit status: the worst."""
+    jsonschema = pytest.importorskip("jsonschema")
+    a = _broken_run(tmp_path).parent / "durable-run"   # what the demo published: healthy
+    from ckptdoctor.demo import build_run
+    build_run(str(tmp_path / "b"))                 # the demo's broken run root
+    rc, out, err = cli("verify", "--target", "resume", "-f", "json", str(a), str(tmp_path / "b"))
+    doc = json.loads(out)
+    jsonschema.validate(doc, json.loads(cli("schema", "report")[1]))
+    assert rc == 1 and [r["target"] for r in doc["reports"]] == [str(a), str(tmp_path / "b")]
+    assert doc["failed"] == [str(tmp_path / "b")] and doc["summary"]["error"] == sum(
+        r["summary"]["error"] for r in doc["reports"])
+    rc, out, err = cli("verify", "--target", "resume", str(a), str(a))
+    assert rc == 0 and out.rstrip().endswith("verify: 2 paths, all ok")
+    rc, out, err = cli("verify", "--target", "resume", "-f", "sarif", str(a), str(tmp_path / "b"))
+    assert rc == 1 and len(json.loads(out)["runs"]) == 2

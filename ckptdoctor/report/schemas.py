@@ -22,8 +22,7 @@ def report() -> dict[str, Any]:
                               "severity": {"enum": list(SEVERITIES)}, "path": {"type": "string"},
                               "message": {"type": "string"}, "details": {"type": "object"},
                               "hint": {"type": ["string", "null"]}}}
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
-            "$id": "https://ckptdoctor/schemas/report-v1.json", "title": "ckptdoctor report (version 1)",
+    single = {
             "type": "object", "additionalProperties": False,
             "required": ["version", "command", "target", "root", "config", "findings", "summary", "facts"],
             "properties": {
@@ -36,6 +35,17 @@ def report() -> dict[str, Any]:
                 "summary": {"type": "object", "additionalProperties": False, "required": list(SEVERITIES),
                             "properties": {s: {"type": "integer", "minimum": 0} for s in SEVERITIES}},
                 "facts": {"type": "object", "description": "per-command facts (resume target, table rows, ...)"}}}
+    counts = {"type": "object", "additionalProperties": False, "required": list(SEVERITIES),
+              "properties": {s: {"type": "integer", "minimum": 0} for s in SEVERITIES}}
+    many = {"type": "object", "additionalProperties": False, "required": ["version", "command", "reports", "summary",
+                                                                          "failed"],
+            "description": "`verify PATH PATH...`: one report per path, the totals, the paths that failed",
+            "properties": {"version": {"const": 1}, "command": {"const": "verify"},
+                           "reports": {"type": "array", "minItems": 2, "items": single}, "summary": counts,
+                           "failed": {"type": "array", "items": {"type": "string"}}}}
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": "https://ckptdoctor/schemas/report-v1.json", "title": "ckptdoctor report (version 1)",
+            "oneOf": [single, many]}
 
 
 def run_state() -> dict[str, Any]:
