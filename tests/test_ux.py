@@ -255,7 +255,8 @@ def test_concise_prints_one_line_per_finding_and_the_verdict(tmp_path):
     for line in lines[:-1]:
         assert re.fullmatch(r"[^\n]+:CKD\d{3}:(error|warning|info): \S.*", line), line
     assert any(":CKD" in x and "__0_0.distcp" in x for x in lines[:-1])
-    assert re.fullmatch(r"verify: FAIL - \d+ errors?, \d+ warnings?, \d+ info; resumes from iter_\d+", lines[-1]), lines[-1]
+    assert re.fullmatch(r"verify: FAIL - \d+ errors?, \d+ warnings?, \d+ info; resumes from iter_\d+; checked \d+ "
+                        r"files, [0-9.]+ KiB \(listing, sizes, markers\)", lines[-1]), lines[-1]
 
 
 def test_github_annotations_follow_the_workflow_command_syntax(tmp_path):
@@ -335,3 +336,19 @@ def test_verify_several_paths_one_document_and_the_worst_exit(tmp_path):
     assert rc == 0 and out.rstrip().endswith("verify: 2 paths, all ok")
     rc, out, err = cli("verify", "--target", "resume", "-f", "sarif", str(a), str(tmp_path / "b"))
     assert rc == 1 and len(json.loads(out)["runs"]) == 2
+
+
+def test_a_passing_verify_says_what_it_checked_in_every_format(tmp_path):
+    """`ok` alone is nothing to quote: the summary names the layout, files and bytes checked and what
+    was compared, in text, in the one-line formats and in JSON facts."""
+    ck = _broken_run(tmp_path).parent / "durable-run" / "iter_0000200"
+    files = [p for p in ck.rglob("*") if p.is_file()]
+    size = sum(p.stat().st_size for p in files)
+    rc, out, err = cli("verify", "--checksums", "-f", "json", str(ck))
+    chk = json.loads(out)["facts"]["checked"]
+    assert rc == 0 and (chk["checkpoints"], chk["files"], chk["bytes"]) == (1, len(files), size)
+    assert chk["compared"] == ["listing", "sizes", "markers", "checksums"]
+    rc, out, err = cli("verify", str(ck))
+    assert rc == 0 and f"checked 1 checkpoint (megatron-torch-dist): {len(files)} files" in out
+    rc, out, err = cli("verify", "--deep", "-f", "concise", str(ck))
+    assert rc == 0 and out.strip().endswith("(listing, sizes, markers, deep scan)"), out

@@ -69,6 +69,13 @@ def judge(location: str, engine: Engine, layout: str | None = None, target: str 
           allow_fresh: bool = False):
     """verify, returning (Report, the RunView or CheckpointView judged, or None)."""
     rep, view = _judge(location, engine, layout, target, allow_fresh)
+    rows = rep.facts.get("checkpoints") or []
+    compared = ["listing", "sizes", "markers"] + (["checksums"] if engine.opt("checksums") else []) + \
+        (["deep scan"] if engine.opt("deep") else [])
+    import time
+    rep.facts["checked"] = {"checkpoints": len(rows), "files": sum(r.get("files") or 0 for r in rows),
+                            "bytes": sum(r.get("bytes") or 0 for r in rows), "compared": compared,
+                            "seconds": round(time.monotonic() - getattr(engine, "t0", time.monotonic()), 2)}
     hidden = engine.report.hidden
     if hidden:
         counts: dict[str, int] = {}
@@ -231,4 +238,12 @@ def _row(s: CheckpointStatus) -> dict:
     age = age_seconds(mtime)
     return {"name": c.name, "step": c.step, "layout": c.layout.name if c.layout else None,
             "complete": s.complete, "why": s.reasons, "unverified": s.unverified, "bytes": size,
-            "age_seconds": round(age, 1) if age is not None else None, "findings": s.findings}
+            "age_seconds": round(age, 1) if age is not None else None, "findings": s.findings,
+            "files": _count(c)}
+
+
+def _count(c) -> int | None:
+    try:
+        return len(c.files)
+    except OSError:
+        return None

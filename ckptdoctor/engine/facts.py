@@ -75,6 +75,7 @@ class VerifyFacts(Facts):
     gate: Any = UNSET                 # --target resume: {"passed", "resume_from", "why"}, judged with every rule
     hidden: Any = UNSET               # {rule: count} of findings judged but hidden by --select/--ignore/config
     contract: Any = UNSET             # --target resume: the run contract the gate checked, when there is one
+    checked: Any = UNSET              # what was checked: {"checkpoints", "files", "bytes", "compared", "seconds"}
 
 
 class PublishFacts(Facts):

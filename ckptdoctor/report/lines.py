@@ -31,6 +31,10 @@ def verdict(report) -> str:
     rf = report.facts.get("resume_from") if report.command in ("verify", "preflight") else None
     if rf:
         line += f"; resumes from {rf}"
+    chk = report.facts.get("checked") if report.command == "verify" else None
+    if chk and chk.get("checkpoints"):
+        from .text import _size
+        line += f"; checked {plural(chk['files'], 'file')}, {_size(chk['bytes'])} ({', '.join(chk['compared'])})"
     return line
 
 

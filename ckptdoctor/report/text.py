@@ -125,6 +125,12 @@ def render(report, out, plain: bool | None = None) -> None:
                            f"({plural(len(pr['removed']), 'checkpoint')})"))
     for line in facts.get("notes") or []:
         con.print(Text(line))
+    chk = facts.get("checked") if cmd in ("verify", "prune") else None
+    if chk and chk.get("checkpoints"):
+        lay = facts.get("layout")
+        con.print(Text(f"checked {plural(chk['checkpoints'], 'checkpoint')}" + (f" ({lay})" if lay else "") +
+                       f": {plural(chk['files'], 'file')}, {_size(chk['bytes'])} ({', '.join(chk['compared'])})"
+                       + (f" in {chk['seconds']:.2f} s" if chk.get("seconds") else ""), style="dim"))
     s = report.summary
     verdict = "FAIL" if report.failed() else "ok"
     con.print(Text(f"{report.command}: {verdict} - {plural(s['error'], 'error')}, "
