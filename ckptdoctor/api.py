@@ -31,7 +31,7 @@ def make_engine(command: str, target: str, *, select=None, ignore=None, severity
     opts = dict(s.options.get(command, {}))
     opts.update({k: v for k, v in options.items() if v is not None})
     eng = Engine(command, target, Selection(s.select, s.ignore, s.severity), fail_on=s.fail_on,
-                 options=opts, debug=debug, progress=progress)
+                 options=opts, debug=debug, progress=progress, acknowledge=s.acknowledge)
     eng.report.config = s.source
     return eng
 

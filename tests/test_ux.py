@@ -352,3 +352,31 @@ def test_a_passing_verify_says_what_it_checked_in_every_format(tmp_path):
     assert rc == 0 and f"checked 1 checkpoint (megatron-torch-dist): {len(files)} files" in out
     rc, out, err = cli("verify", "--deep", "-f", "concise", str(ck))
     assert rc == 0 and out.strip().endswith("(listing, sizes, markers, deep scan)"), out
+
+
+def test_acknowledged_findings_are_info_with_their_reason_and_never_change_the_gate(tmp_path):
+    from ckptdoctor.demo import build_run
+    from helpers import assert_fires_json
+    run = tmp_path / "run"
+    build_run(str(run))
+    cfg = tmp_path / "ckptdoctor.toml"
+    cfg.write_text('[[acknowledge]]\ncheckpoint = "iter_0000300"\nrule = "CKD104"\n'
+                   'reason = "kept for forensics, never resumed"\nuntil = 2999-12-31\n')
+    rc, out, err = cli("verify", "--config", str(cfg), "-f", "json", str(run))
+    doc = json.loads(out)
+    (f,) = [x for x in doc["findings"] if x["rule"] == "CKD104"]
+    assert f["severity"] == "info" and f["details"]["acknowledged"]["reason"] == "kept for forensics, never resumed"
+    assert f["hint"].startswith("acknowledged (kept for forensics")
+    row = next(r for r in doc["facts"]["checkpoints"] if r["name"] == "iter_0000300")
+    assert row["complete"] is False                      # completeness is judged as ever
+    rc, out, err = cli("verify", "--config", str(cfg), "--target", "resume", str(run))
+    assert rc == 1                                       # and so is the relaunch gate
+    cfg.write_text('[[acknowledge]]\ncheckpoint = "iter_0000300"\nrule = "CKD104"\nreason = "old"\nuntil = 2000-01-01\n')
+    rc, out, err = cli("verify", "--config", str(cfg), "-f", "json", str(run))
+    doc = json.loads(out)
+    assert [x["severity"] for x in doc["findings"] if x["rule"] == "CKD104"] == ["error"]
+    (hit,) = assert_fires_json(doc, "CKD903")
+    assert hit["severity"] == "warning" and "expired on 2000-01-01" in hit["message"]
+    cfg.write_text('[[acknowledge]]\ncheckpoint = "iter_0000300"\nrule = "104"\nreason = "x"\n')
+    rc, out, err = cli("verify", "--config", str(cfg), str(run))
+    assert rc == 2 and "CKDnnn" in err and "Traceback" not in err

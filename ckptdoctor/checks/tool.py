@@ -7,3 +7,5 @@ register_external("CKD900", ("verify", "publish", "reconcile", "preflight", "con
 register_external("CKD901", ("verify", "publish"))
 # nothing recognisable at the target, or a forced layout that does not fit: verify
 register_external("CKD902", ("verify",))
+# an expired [[acknowledge]] entry of the config (Engine._acknowledged), wherever findings are made
+register_external("CKD903", ("verify", "publish", "reconcile", "preflight"))

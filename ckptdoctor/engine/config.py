@@ -16,7 +16,30 @@ if TYPE_CHECKING:
 from .errors import UsageError
 
 KEYS = {"select", "ignore", "extend-select", "fail-on", "severity", "verify", "publish", "reconcile",
-        "preflight"}
+        "preflight", "acknowledge"}
+
+
+@value(frozen=True)
+class Ack:
+    """`[[acknowledge]]`: a known, accepted finding -- this rule, in checkpoints matching this glob --
+    shown as info with its reason until the date (then it counts again, and says it expired)."""
+    checkpoint: str
+    rule: str
+    reason: str
+    until: str | None = None      # YYYY-MM-DD, inclusive
+    source: str = ""
+
+    def expired(self, today: str) -> bool:
+        return self.until is not None and today > self.until
+
+    def matches(self, rule: str, path: str) -> bool:
+        if rule != self.rule:
+            return False
+        import fnmatch
+        parts = path.replace("\\", "/").rstrip("/").split("/")
+        # the glob names a checkpoint (directory) or a path: any run of the path's components may match
+        return any(fnmatch.fnmatchcase("/".join(parts[i:j]), self.checkpoint)
+                   for i in range(len(parts)) for j in range(i + 1, len(parts) + 1))
 
 
 @value(frozen=True)
@@ -66,6 +89,7 @@ class Settings:
     severity: dict[str, str] = field(default_factory=dict)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)  # per-subcommand tables, validated
     source: str | None = None
+    acknowledge: list = field(default_factory=list)   # [Ack]
 
 
 def _read_toml(path: Path, table: str | None) -> dict[str, Any] | None:
@@ -153,6 +177,8 @@ def apply(s: Settings, doc: dict[str, Any], source: str) -> None:
             if v not in ("error", "warning", "info"):
                 raise UsageError(f"{source}: [severity] {k} = {v!r}: use error, warning or info")
         s.severity.update({str(k): str(v) for k, v in doc["severity"].items()})
+    if "acknowledge" in doc:
+        s.acknowledge = _acks(doc["acknowledge"], source)
     for cmd, known in OPTIONS.items():
         if cmd not in doc:
             continue
@@ -166,6 +192,30 @@ def apply(s: Settings, doc: dict[str, Any], source: str) -> None:
             opts[k.replace("-", "_")] = known[k].check(v, f"{source}: [{cmd}] {k}")
         s.options[cmd] = opts
     s.source = source
+
+
+def _acks(v, source: str) -> list[Ack]:
+    import re
+    if not isinstance(v, list) or not all(isinstance(x, dict) for x in v):
+        raise UsageError(f"{source}: 'acknowledge' must be an array of tables ([[acknowledge]])")
+    out = []
+    for i, t in enumerate(v, 1):
+        where = f"{source}: [[acknowledge]] #{i}"
+        extra = set(t) - {"checkpoint", "rule", "reason", "until"}
+        if extra:
+            raise UsageError(f"{where}: unknown key(s) {', '.join(sorted(extra))}")
+        for k in ("checkpoint", "rule", "reason"):
+            if not isinstance(t.get(k), str) or not t[k].strip():
+                raise UsageError(f"{where}: '{k}' is required (a non-empty string)")
+        if not re.fullmatch(r"CKD\d{3}", t["rule"]):
+            raise UsageError(f"{where}: rule {t['rule']!r} is not a rule id (CKDnnn)")
+        until = t.get("until")
+        if until is not None:
+            until = str(until)  # TOML dates arrive as datetime.date
+            if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", until):
+                raise UsageError(f"{where}: until {until!r}: a date, YYYY-MM-DD")
+        out.append(Ack(t["checkpoint"], t["rule"], t["reason"].strip(), until, source))
+    return out
 
 
 def _strlist(v, source, key) -> list[str]:

@@ -26,13 +26,15 @@ class _NoProgress:
 class Engine:
     def __init__(self, command: str, target: str, selection: Selection, fail_on: str = "error",
                  options: dict[str, Any] | None = None, debug: bool = False,
-                 progress: Callable[[int, str], Any] | None = None):
+                 progress: Callable[[int, str], Any] | None = None, acknowledge: list | None = None):
         self.report = Report(command=command, target=target, fail_on=fail_on)
+        self.acknowledge = acknowledge or []   # config [[acknowledge]]: shown as info, judged as ever
         self.selection = selection
         self.options = options or {}
         self.debug = debug
         self.internal_errors = 0
         self._seen: set[tuple] = set()
+        self._expired_said: list = []
         self._progress = progress  # (total_bytes, label) -> a callable taking byte counts, with close()
 
     def progress(self, total: int, label: str):
@@ -58,8 +60,34 @@ class Engine:
         f = Finding(rule=rule_id, name=rule.name, severity=self.selection.severity.get(rule_id) or judged,
                     path=hit.path, message=hit.message, details=hit.details, hint=hit.hint, judged=judged,
                     hidden=not shown, unverified=rule.unverified)
+        if self.acknowledge and rule_id != "CKD903":
+            self._acknowledged(f)
         (self.report.findings if shown else self.report.hidden).append(f)
         return f
+
+    def _acknowledged(self, f: Finding) -> None:
+        """A finding the config acknowledges is shown as info with the reason (its `judged` severity --
+        completeness, the gate -- is untouched); an expired acknowledgement leaves it as it is and
+        says so once (CKD903)."""
+        import datetime
+        today = datetime.date.today().isoformat()
+        for a in self.acknowledge:
+            if not a.matches(f.rule, f.path):
+                continue
+            if a.expired(today):
+                if a not in self._expired_said:
+                    self._expired_said.append(a)
+                    self.emit("CKD903", Hit(a.source, f"the acknowledgement of {a.rule} for {a.checkpoint!r} expired "
+                                                      f"on {a.until} ({a.reason}): the finding counts again",
+                                            details={"rule": a.rule, "checkpoint": a.checkpoint, "until": a.until,
+                                                     "reason": a.reason},
+                                            hint="fix the finding, or renew the acknowledgement with a new date"))
+                continue
+            f.details = {**(f.details or {}), "acknowledged": {"reason": a.reason, "until": a.until, "config": a.source}}
+            f.severity = "info"
+            f.hint = f"acknowledged ({a.reason}" + (f", until {a.until}" if a.until else "") + ")" + \
+                (f"; {f.hint}" if f.hint else "")
+            return
 
     def run_scope(self, scope: str, subject, *args) -> list[Finding]:
         """Run every check of `scope` on `subject`; returns the findings it added (hidden ones too)."""
