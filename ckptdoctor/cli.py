@@ -329,9 +329,11 @@ def manifest(path: str = typer.Argument(..., help="One checkpoint directory (loc
     target, nfiles, nbytes = write_manifest(path, workers=workers, quiet=quiet, force=force, replace=replace)
     if format is Fmt.text:
         emit(lambda: print(f"wrote {target}: {nfiles} files, {nbytes} bytes"))
-    else:
-        import json as _json
-        emit(lambda: print(_json.dumps({"manifest": target, "files": nfiles, "bytes": nbytes})))
+    else:  # the shared report shape (`ckptdoctor schema report`): command, findings, summary, facts
+        from .engine.finding import Report
+        rep = Report(command="manifest", target=path)
+        rep.facts["manifest"], rep.facts["files"], rep.facts["bytes"] = target, nfiles, nbytes
+        emit(lambda: _render(rep, format))
 
 
 @app.command(rich_help_panel="Inspection")

@@ -232,11 +232,15 @@ def test_completion_of_rule_ids_and_layout_names(words, cword, want):
     assert want <= set(out.split()), out
 
 
-def test_manifest_json_output(tmp_path):
+def test_manifest_json_output_is_a_report_like_every_other(tmp_path):
+    """A generic consumer reads `command`, `findings`, `summary` and `facts` from every JSON output."""
+    jsonschema = pytest.importorskip("jsonschema")
     d = iter_dir(tmp_path / "iter_0000100")
     rc, out, err = cli("manifest", "-q", "-f", "json", str(d))
     doc = json.loads(out)
-    assert rc == 0 and doc["manifest"] == str(d / "ckptdoctor.manifest.json") and doc["files"] == 4
+    jsonschema.validate(doc, json.loads(cli("schema", "report")[1]))
+    assert rc == 0 and doc["command"] == "manifest" and doc["findings"] == []
+    assert doc["facts"]["manifest"] == str(d / "ckptdoctor.manifest.json") and doc["facts"]["files"] == 4
 
 
 # ---- issue 41: one line per finding for logs and CI ---------------------------------------------

@@ -125,8 +125,15 @@ class DigestsFacts(Facts):
     items: Any = UNSET
 
 
+class ManifestFacts(Facts):
+    manifest: Any = UNSET             # the manifest written
+    files: Any = UNSET
+    bytes: Any = UNSET
+
+
 FACTS = {"verify": VerifyFacts, "prune": VerifyFacts, "publish": PublishFacts, "reconcile": ReconcileFacts,
-         "preflight": PreflightFacts, "merge": MergeFacts, "contract": ContractFacts, "digests": DigestsFacts}
+         "preflight": PreflightFacts, "merge": MergeFacts, "contract": ContractFacts, "digests": DigestsFacts,
+         "manifest": ManifestFacts}
 
 
 def for_command(command: str) -> Facts:

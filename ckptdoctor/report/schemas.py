@@ -27,7 +27,8 @@ def report() -> dict[str, Any]:
             "required": ["version", "command", "target", "root", "config", "findings", "summary", "facts"],
             "properties": {
                 "version": {"const": 1},
-                "command": {"enum": ["verify", "publish", "reconcile", "preflight", "prune", "contract", "digests"]},
+                "command": {"enum": ["verify", "publish", "reconcile", "preflight", "prune", "contract", "digests",
+                                     "manifest"]},
                 "target": {"type": "string", "description": "the location as given"},
                 "root": {"type": "string", "description": "the location as an absolute path (or URL)"},
                 "config": {"type": ["string", "null"], "description": "the config file that applied"},
