@@ -59,6 +59,7 @@ def test_nan_and_inf_are_named(ckpt, tensor, data, nan, inf):
     assert not api.verify(str(ckpt)).findings  # structure alone cannot see it
     hit = assert_fires(api.verify(str(ckpt), deep=True), "CKD130", path_contains="model.safetensors")[0]
     assert hit.details["tensor"] == tensor and (hit.details["nan"], hit.details["inf"]) == (nan, inf)
+    assert hit.details["first"] == f"{tensor}[0, 17]" and f"the first at {tensor}[0, 17]" in hit.message
 
 
 def test_zero_filled_tail_is_named_with_its_range(tmp_path):
@@ -230,7 +231,10 @@ def test_dcp_healthy_then_nan_and_flipped_byte_named(real):
     rep = api.verify(str(ck), deep=True)
     hit = assert_fires(rep, "CKD130", path_contains=path.name)[0]
     assert hit.details["tensor"].startswith("dense.weight") and hit.details["nan"] == 1
-    assert int(torch.isnan(_dcp_load(ck)["dense.weight"]).sum()) == 1   # the real load agrees
+    loaded = _dcp_load(ck)["dense.weight"]
+    assert int(torch.isnan(loaded).sum()) == 1   # the real load agrees, and on where it is
+    where = [int(x) for x in torch.nonzero(torch.isnan(loaded))[0]]
+    assert hit.details["first"] == f"dense.weight[{', '.join(map(str, where))}]", (hit.details, where)
     crc = assert_fires(rep, "CKD132", path_contains=path.name)[0]      # and the CRC saw the change
     assert crc.details["record"].startswith("dense.weight")
 

@@ -58,7 +58,8 @@ PAGE = 4096
 GROUP_RECORDS = 200_000
 FORK_MIN = 64 << 20
 MAP_CHUNK = 64 << 20  # bytes a worker maps at a time: its mapped pages stay bounded
-_MSG = struct.Struct("<BIqqqq")  # kind (0 progress, 1 result), index, nan|bytes, inf, crc, upto (-1: whole)
+_MSG = struct.Struct("<BIqqqqq")  # kind (0 progress, 1 result), index, nan|bytes, inf, crc, upto (-1: whole),
+#                                  first bad element (-1: none)
 # dtype -> (element bytes, exponent-all-ones mask, mantissa mask); a value is non-finite when its
 # exponent bits are all ones (F8_E4M3 has no Inf: only S.1111.111 is NaN)
 FLOATS = {"F64": (8, 0x7FF0000000000000, 0x000FFFFFFFFFFFFF), "F32": (4, 0x7F800000, 0x007FFFFF),
@@ -98,6 +99,9 @@ class Record:
     end: int
     dtype: str | None = None   # one of FLOATS, or None: no NaN test
     crc: int | None = None     # the CRC-32 the archive stored, or None: nothing to compare
+    shape: tuple | None = None   # the stored block's shape (row-major), when known
+    origin: tuple | None = None  # where the block starts in the whole tensor (a DCP chunk's offset)
+    tensor: str | None = None    # the tensor's own name, for element coordinates
 
 
 @value
@@ -107,6 +111,7 @@ class RecordScan:
     crc: int | None = None      # computed, when the record has one to compare
     short: bool = False         # the file ended before the record did...
     upto: int = 0               # ...at this byte
+    first: int | None = None    # flat index (in the record) of the first NaN/Inf element
 
 
 @value
@@ -231,8 +236,9 @@ def _records_of(ck, name: str, size: int, read, covered: set[str], res: DeepResu
         except stf.HeaderError:
             return None  # CKD120 names it
         base = 8 + hdr.size
-        return [Record(name, t, base + b, base + e, d if d in FLOATS else None)
-                for t, (d, _s, b, e) in hdr.tensors.items() if e > b]
+        return [Record(name, t, base + b, base + e, d if d in FLOATS else None, shape=tuple(sh or ()),
+                       origin=tuple(0 for _ in sh or ()), tensor=t)
+                for t, (d, sh, b, e) in hdr.tensors.items() if e > b]
     if name.endswith(".distcp"):
         return _dcp_records(ck, name, size, read, res, eng)
     head = read(0, 4) if size else b""
@@ -313,7 +319,15 @@ def _dcp_records(ck, name: str, size: int, read, res: DeepResult, eng) -> list[R
         if ms is None:
             continue
         dt = (info.dtype or "").removeprefix("torch.") if info else None
-        out += _member_records(name, label, ms, lambda _key, dt=dt: (dt, None))
+        recs = _member_records(name, label, ms, lambda _key, dt=dt: (dt, None))
+        size_of = {tuple(o): tuple(z) for o, z in info.chunks} if info else {}
+        origin = tuple(s.offset or ())
+        data = [i for i, r in enumerate(recs) if r.dtype]  # the tensor's storage member (not the pickle)
+        if len(data) == 1 and info and (origin in size_of or not origin):  # element coordinates
+            r = recs[data[0]]
+            recs[data[0]] = Record(r.file, r.name, r.start, r.end, r.dtype, r.crc, size_of.get(origin, tuple(info.size)),
+                                   origin or tuple(0 for _ in info.size), s.fqn)
+        out += recs
     return out
 
 
@@ -461,10 +475,10 @@ def _scan_in_workers(np, work, workers: int, prog) -> tuple[dict[int, RecordScan
                     continue
                 buf = pending[r] + chunk
                 whole = len(buf) - len(buf) % _MSG.size
-                for kind, i, a, b, c, upto in _MSG.iter_unpack(buf[:whole]):
+                for kind, i, a, b, c, upto, first in _MSG.iter_unpack(buf[:whole]):
                     if kind:
                         got[i] = RecordScan(nan=a, inf=b, crc=c if work[i][2].crc is not None else None,
-                                            short=upto >= 0, upto=max(upto, 0))
+                                            short=upto >= 0, upto=max(upto, 0), first=first if first >= 0 else None)
                         left = work[i][2].end - work[i][2].start - counted.get(i, 0)
                         if left > 0:  # a small record sends its result, no progress of its own
                             counted[i] = counted.get(i, 0) + left
@@ -497,8 +511,9 @@ def _worker(np, work, idxs: list[int], w: int) -> None:
             if out_msgs:
                 _write_all(w, out_msgs)
                 out_msgs.clear()
-            out = _scan_mapped(np, fd, rec, lambda n, i=i: _write_all(w, _MSG.pack(0, i, n, 0, 0, 0)))
-        out_msgs += _MSG.pack(1, i, out.nan, out.inf, out.crc or 0, out.upto if out.short else -1)
+            out = _scan_mapped(np, fd, rec, lambda n, i=i: _write_all(w, _MSG.pack(0, i, n, 0, 0, 0, -1)))
+        out_msgs += _MSG.pack(1, i, out.nan, out.inf, out.crc or 0, out.upto if out.short else -1,
+                              -1 if out.first is None else out.first)
         if len(out_msgs) >= 1 << 15 or rec.end - rec.start > WINDOW:
             _write_all(w, out_msgs)
             out_msgs.clear()
@@ -528,7 +543,7 @@ def _scan_mapped(np, fd: int, rec: Record, progress) -> RecordScan:
         try:
             for off in range(pos, stop, WINDOW):
                 chunk = view[off - base:min(stop, off + WINDOW) - base]
-                _window(np, chunk, rec.dtype, width, expo, mant, out)
+                _window(np, chunk, rec.dtype, width, expo, mant, out, (off - rec.start) // width if width else 0)
                 chunk.release()
         finally:
             view.release()
@@ -543,13 +558,28 @@ def _judge(res: DeepResult, rec: Record, got: RecordScan) -> None:
         got.nan, got.inf = got.nan + got.inf, 0
     if got.nan or got.inf:
         res.nonfinite.append({"file": rec.file, "tensor": rec.name, "dtype": rec.dtype, "nan": got.nan,
-                              "inf": got.inf})
+                              "inf": got.inf, "first": _where(rec, got.first)})
     if got.short:
         res.changed.append({"file": rec.file, "record": rec.name, "start": rec.start, "end": rec.end,
                             "size": got.upto})
     if rec.crc is not None and not got.short and got.crc != rec.crc:
         res.bad_crc.append({"file": rec.file, "record": rec.name, "start": rec.start, "end": rec.end,
                             "expected": f"{rec.crc:08x}", "actual": f"{got.crc:08x}"})
+
+
+def _where(rec: Record, flat: int | None) -> str | None:
+    """The first bad element as the whole tensor's index (`w[3, 5]`) when the block's shape and origin
+    are known, else as the flat element of the stored record."""
+    if flat is None:
+        return None
+    if rec.shape and rec.origin is not None and len(rec.origin) == len(rec.shape) and rec.tensor:
+        idx, rest = [], flat
+        for dim in reversed(rec.shape):
+            idx.append(rest % dim if dim else 0)
+            rest = rest // dim if dim else rest
+        coords = [o + i for o, i in zip(rec.origin, reversed(idx))]
+        return f"{rec.tensor}[{', '.join(map(str, coords))}]"
+    return f"flat element {flat} of the stored record"
 
 
 def _scan_record(np, fd: int, rec: Record, buf: memoryview) -> RecordScan:
@@ -561,19 +591,21 @@ def _scan_record(np, fd: int, rec: Record, buf: memoryview) -> RecordScan:
         got = os.preadv(fd, [buf[:want]], off)
         if got < want:
             out.short, out.upto = True, off + got
-        _window(np, buf[:got], rec.dtype, width, expo, mant, out)
+        _window(np, buf[:got], rec.dtype, width, expo, mant, out, (off - rec.start) // width if width else 0)
         if out.short:
             break
     return out
 
 
-def _window(np, chunk, dtype, width: int, expo: int, mant: int, out: RecordScan) -> None:
+def _window(np, chunk, dtype, width: int, expo: int, mant: int, out: RecordScan, base: int = 0) -> None:
     got = len(chunk)
     if out.crc is not None:
         out.crc = CRC32(chunk, out.crc)
     if width and got >= width and not _all_finite(np, chunk, dtype, got // width, expo):
         arr = np.frombuffer(chunk, dtype=UINT[width], count=got // width)
         bad = (arr & expo) == expo  # the slow count, only for a window that has one
+        if out.first is None:
+            out.first = base + int(np.flatnonzero(bad)[0])
         m = (arr[bad] & mant) != 0
         n = int(m.sum())
         out.nan += n

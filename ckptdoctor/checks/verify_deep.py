@@ -20,7 +20,8 @@ def nonfinite_values(ck, eng):
     res = scan(ck, eng)
     for d in (res.nonfinite if res else []):
         yield Hit(ck.path(d["file"]), f"{d['file']}: tensor {d['tensor']} ({d['dtype']}) holds {d['nan']} NaN and "
-                                      f"{d['inf']} Inf value(s)", details=d,
+                                      f"{d['inf']} Inf value(s)" + (f"; the first at {d['first']}" if d.get("first")
+                                                                    else ""), details=d,
                   hint="a run resumed from this checkpoint diverges; resume from an earlier one")
 
 

@@ -75,7 +75,7 @@ def judge(location: str, engine: Engine, layout: str | None = None, target: str 
     import time
     rep.facts["checked"] = {"checkpoints": len(rows), "files": sum(r.get("files") or 0 for r in rows),
                             "bytes": sum(r.get("bytes") or 0 for r in rows), "compared": compared,
-                            "seconds": round(time.monotonic() - getattr(engine, "t0", time.monotonic()), 2)}
+                            "seconds": round(max(0.0, time.monotonic() - getattr(engine, "t0", time.monotonic())), 2)}
     hidden = engine.report.hidden
     if hidden:
         counts: dict[str, int] = {}
