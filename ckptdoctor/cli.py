@@ -147,12 +147,16 @@ def _finish(eng, fmt: Fmt, output: str | None = None, exit_zero: bool = False, s
 
 
 def _write_report(report, fmt: Fmt, path: str) -> None:
+    from .report import render
+    _write_out(lambda out: render(report, fmt.value, out), path)
+
+
+def _write_out(write, path: str) -> None:
     """-o FILE: the whole report, written durably and renamed into place (never half a report)."""
     import io
     from .io.atomic import replace_file
     buf = io.StringIO()
-    from .report import render
-    render(report, fmt.value, buf)
+    write(buf)
     try:
         replace_file(path, buf.getvalue().encode("utf-8", "surrogateescape"))
     except OSError as exc:
@@ -281,14 +285,7 @@ def _finish_many(engines: list, fmt: Fmt, output: str | None, exit_zero: bool, s
     from .report import render_many
     reports = [e.report for e in engines]
     if output:
-        import io
-        from .io.atomic import replace_file
-        buf = io.StringIO()
-        render_many(reports, fmt.value, buf)
-        try:
-            replace_file(output, buf.getvalue().encode("utf-8", "surrogateescape"))
-        except OSError as exc:
-            raise UsageError(f"--output {output}: cannot write the report: {exc.strerror or exc}") from None
+        _write_out(lambda out: render_many(reports, fmt.value, out), output)
     else:
         emit(lambda: render_many(reports, fmt.value, sys.stdout))
     if statistics:
