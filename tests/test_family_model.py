@@ -303,6 +303,6 @@ def test_facts_are_typed_per_command(tmp_path):
     with pytest.raises(KeyError):
         rep.facts["resume_form"] = "iter_0000100"  # a typo cannot invent a fact
     doc = rep.to_json()["facts"]
-    assert set(doc) == {"kind", "layout", "checkpoints", "newest_complete", "resume_from", "target"}  # no unset keys
+    assert set(doc) == {"kind", "layout", "checkpoints", "newest_complete", "resume_from", "target", "checked"}  # no unset keys
     pf = PreflightFacts()
     assert "nodes" not in pf and pf.get("nodes", 7) == 7 and pf.to_json() == {}
