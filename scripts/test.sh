@@ -20,8 +20,13 @@ if [ "$VER" = "3.11" ]; then
   # torch's CPU build (about 200 MB) before anything else: from a local wheelhouse when pip has one
   # (find-links), else from PyTorch's CPU index -- never PyPI's default, which is the CUDA build
   # (several GB of nvidia-* wheels)
-  "${PIP[@]}" --no-index torch==2.13.0 2>/dev/null ||
+  # (the wheel alone from find-links, then its dependencies from the usual indexes: torch is then
+  # already satisfied, so no resolver can swap in another build)
+  if "${PIP[@]}" --no-index --no-deps torch==2.13.0 2>/dev/null; then
+    "${PIP[@]}" torch==2.13.0
+  else
     "${PIP[@]}" --index-url "${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}" torch==2.13.0
+  fi
   "${PIP[@]}" torchdata
 fi
 "${PIP[@]}" -e '.[test]'
