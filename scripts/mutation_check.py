@@ -107,8 +107,8 @@ MUTANTS = [
     M("CKD151-compare", "ckptdoctor/checks/verify_checksums.py", "            if got != want or nread != u.length:",
       "            if nread != u.length:", ("tests/test_checksums.py",), "a flipped byte passes --checksums"),
     # ---- publish: order, protection, source checks ---------------------------------------------------
-    M("publish-source-manifest", "ckptdoctor/publishing/flow.py", "            _check_source_manifest(src_man, copied)",
-      "            pass", ("tests/test_bite.py",), "a source that no longer matches its own manifest is published"),
+    M("publish-source-manifest", "ckptdoctor/publishing/flow.py", "            plan = _check_source_manifest(src_man, copied)",
+      "            plan = None", ("tests/test_bite.py",), "a source that no longer matches its own manifest is published"),
     M("locate-torn-snapshot", "ckptdoctor/layouts/locate.py",
       "        if target is None or target in dirs:\n", "        if True:\n",
       ("tests/test_publish.py::test_verify_during_a_commit_sees_one_moment",),
@@ -158,8 +158,8 @@ MUTANTS = [
       "        if reasons:\n            raise PartRefused", "        if False:\n            raise PartRefused",
       ("tests/test_parts.py::test_committed_checkpoint_loads_in_torch_and_a_refused_one_does_not",),
       "an assembly missing a shard is committed"),
-    M("parts-save-time-manifest", "ckptdoctor/publishing/parts.py", "    _check_save_time_manifest(src, recs)\n",
-      "    pass\n", ("tests/test_integrations.py::test_part_publish_checks_each_node_against_the_save_time_manifest",),
+    M("parts-save-time-manifest", "ckptdoctor/publishing/parts.py", "    plan = _check_save_time_manifest(src, recs)\n",
+      "    plan = None\n", ("tests/test_integrations.py::test_part_publish_checks_each_node_against_the_save_time_manifest",),
       "a node whose shard rotted since the save is published"),
     M("manifestwriter-metadata-digest", "ckptdoctor/integrations/dcp.py", "        md = pickle.dumps(metadata)",
       "        md = pickle.dumps(metadata, protocol=2)",
@@ -288,7 +288,7 @@ MUTANTS = [
     # ---- exit codes ------------------------------------------------------------------------------------
     M("fail-on-ignored", "ckptdoctor/engine/finding.py", "        threshold = RANK[fail_on or self.fail_on]",
       '        threshold = RANK["error"]', ("tests/test_cli_contract.py",), "--fail-on warning is ignored"),
-    M("exit-1-lost", "ckptdoctor/cli.py", "    raise typer.Exit(1 if eng.report.failed() else 0)",
+    M("exit-1-lost", "ckptdoctor/cli.py", "    raise typer.Exit(1 if eng.report.failed() and not exit_zero else 0)",
       "    raise typer.Exit(0)", ("tests/test_cli_contract.py",), "a failed verify exits 0"),
     # ---- the fast command line and the plain report (issue 20) ----------------------------------------
     M("fastcli-first-wins", "ckptdoctor/fastcli.py", "            out[p[\"name\"]] = vals[-1]",
