@@ -133,3 +133,18 @@ def test_the_tracker_dangling_hint_names_the_command_that_fixes_it(tmp_path):
     rep = api.verify(str(tmp_path / "run"))
     (hit,) = [f for f in rep.findings if f.rule == "CKD113"]
     assert hit.hint.startswith("`ckptdoctor verify --fix ") and "iter_0000100" in hit.hint and "--dry-run" in hit.hint
+
+
+def test_every_curated_mutant_still_finds_its_line_once():
+    """A mutant whose text no longer appears exactly once fails the mutation check after the whole
+    suite has run (half an hour into CI): say so here, in a second."""
+    import importlib.util
+    import sys
+    root = TESTS.parent
+    spec = importlib.util.spec_from_file_location("ckd_mutation_check", root / "scripts" / "mutation_check.py")
+    mc = importlib.util.module_from_spec(spec)
+    sys.modules["ckd_mutation_check"] = mc
+    spec.loader.exec_module(mc)
+    stale = [(m.id, (root / m.file).read_text().count(m.old)) for m in mc.MUTANTS
+             if (root / m.file).read_text().count(m.old) != 1]
+    assert mc.MUTANTS and not stale, f"mutants whose anchor text is not found exactly once: {stale}"
