@@ -371,6 +371,7 @@ def test_acknowledged_findings_are_info_with_their_reason_and_never_change_the_g
     (f,) = [x for x in doc["findings"] if x["rule"] == "CKD104"]
     assert f["severity"] == "info" and f["details"]["acknowledged"]["reason"] == "kept for forensics, never resumed"
     assert f["hint"].startswith("acknowledged (kept for forensics")
+    assert not [x for x in doc["findings"] if x["rule"] == "CKD903"]   # a current acknowledgement is silent
     row = next(r for r in doc["facts"]["checkpoints"] if r["name"] == "iter_0000300")
     assert row["complete"] is False                      # completeness is judged as ever
     rc, out, err = cli("verify", "--config", str(cfg), "--target", "resume", str(run))

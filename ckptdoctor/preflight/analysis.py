@@ -123,11 +123,9 @@ class Preflight:
         for node, ck in copies.items():
             if file not in ck.files:
                 continue
-            if got is not None:
-                bad = self._not_regular(node, name, file)
-                if bad is None and ck.files[file] != size:
-                    bad = f"{ck.files[file]} bytes, node {src}'s copy has {size}"
-                if bad is not None and out is not None:
+            if got is not None:  # the other nodes' copies: by the listing's size, a stat only to say why
+                if ck.files[file] != size and out is not None:
+                    bad = self._not_regular(node, name, file) or f"{ck.files[file]} bytes, node {src}'s copy has {size}"
                     self._unreadable(out, node, name, file, bad)
                 continue
             v = self.views[node]
@@ -170,9 +168,10 @@ class Preflight:
             if mf.NAME in ck.files:
                 try:
                     raw = self.views[node].storage.read(f"{name}/{mf.NAME}" if name else mf.NAME, mf.MAX_MANIFEST_BYTES)
-                    return readsets.load_read_plan(raw, mf.NAME) if b'"read_plan"' in raw else None
-                except (OSError, readsets.ReadPlanError):
+                except OSError:
                     return None  # no usable record: decided by evidence (verify reports the manifest)
+                doc = mf.read_plan_of(raw)
+                return readsets.parse_read_plan(doc, mf.NAME) if doc is not None else None
         return None
 
     def _judge(self, name: str, step) -> CkptVerdict:

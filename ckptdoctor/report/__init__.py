@@ -20,7 +20,6 @@ def render(report, fmt: str, out) -> None:
 
 def render_many(reports: list, fmt: str, out) -> None:
     """Several reports of one call (`verify A B ...`) as one document."""
-    import io
     import json
     if fmt == "json":
         tot = {k: sum(r.summary[k] for r in reports) for k in reports[0].summary}
@@ -38,12 +37,8 @@ def render_many(reports: list, fmt: str, out) -> None:
         out.write("\n")
         return
     if fmt == "gitlab":
-        items = []
-        for r in reports:
-            buf = io.StringIO()
-            render(r, fmt, buf)
-            items += json.loads(buf.getvalue())
-        json.dump(items, out, indent=2, ensure_ascii=False)
+        from .lines import gitlab_issues
+        json.dump([i for r in reports for i in gitlab_issues(r)], out, indent=2, ensure_ascii=False)
         out.write("\n")
         return
     for i, r in enumerate(reports):

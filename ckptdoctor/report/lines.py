@@ -67,11 +67,15 @@ _GL_SEVERITY = {"error": "major", "warning": "minor", "info": "info"}
 
 
 def gitlab(report, out) -> None:
+    json.dump(gitlab_issues(report), out, indent=2, ensure_ascii=False)
+    out.write("\n")
+
+
+def gitlab_issues(report) -> list[dict]:
     issues = []
     for f in report.findings:
         fp = hashlib.sha256(f"{f.rule}\0{f.path}\0{f.message}".encode("utf-8", "surrogateescape")).hexdigest()
         issues.append({"description": f"{f.rule} {f.name}: {_one_line(f.message)}", "check_name": f.rule,
                        "fingerprint": fp, "severity": _GL_SEVERITY[f.severity],
                        "location": {"path": f.path, "lines": {"begin": 1}}})
-    json.dump(issues, out, indent=2, ensure_ascii=False)
-    out.write("\n")
+    return issues
