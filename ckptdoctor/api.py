@@ -47,6 +47,16 @@ def verify(path: str, *, layout: str | None = None, target: str = "all", select=
     return eng.report
 
 
+def forensics(logs: list[str], *, run_root: str | None = None, select=None, ignore=None, severity=None,
+              fail_on: str = "error") -> Report:
+    """The first checkpoint-related failure in a failed job's logs (`facts["first_failure"]`, its
+    `class`, `timed_out_ranks`); with `run_root`, the checkpoint the log names is verified too."""
+    from .commands import forensics as flow
+    eng = make_engine("forensics", logs[0], select=select, ignore=ignore, severity=severity, fail_on=fail_on)
+    flow.run(list(logs), eng, run_root, lambda path: make_engine("verify", path))
+    return eng.report
+
+
 def reconcile(path: str, *, profile: str | None = None, maps=None, simulate: bool = False, steps: int = 4,
               select=None, ignore=None, severity=None, fail_on: str = "error") -> Report:
     """RL resume-state checks of a step directory, run root or run_state/v1 file (read-only)."""

@@ -591,6 +591,30 @@ def preflight(
     _finish(eng, format, output, exit_zero, statistics)
 
 
+@app.command(rich_help_panel="Inspection")
+def forensics(
+    logs: list[str] = typer.Argument(..., metavar="LOG...", help="The failed job's logs: Slurm output files (one, "
+                                     "or one per task), torchrun --log-dir files, plain or gzipped; read in "
+                                     "bounded memory."),
+    run_root: str | None = typer.Option(None, "--run-root", help="The run root (or a copy of it): verify the "
+                                           "checkpoint the log names and link its findings to the failure."),
+    select: list[str] | None = SelectOpt, ignore: list[str] | None = IgnoreOpt,
+    fail_on: Level | None = FailOnOpt, severity: list[str] | None = SeverityOpt,
+    config: str | None = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt, output: str | None = OutputOpt,
+    exit_zero: bool = ExitZeroOpt, statistics: bool = StatisticsOpt,
+    debug: bool = DebugOpt, quiet: bool = QuietOpt, verbose: bool = VerboseOpt, color: Color = ColorOpt,
+):
+    """After a failed save or resume: the first checkpoint-related failure across ranks (rank, file,
+    error, class), the ranks that only failed after it, and with --run-root the checkpoint's findings.
+    Exit 0 when the cause was found (or none), 1 when the checkpoint is broken as well.  Read-only."""
+    _logging(quiet, debug)
+    from .commands import forensics as flow
+    c = Common(select, ignore, fail_on, severity, config, isolated, format, debug, quiet, verbose, color)
+    eng = _engine("forensics", logs[0], c)
+    flow.run(list(logs), eng, run_root, lambda path: _engine("verify", path, c))
+    _finish(eng, format, output, exit_zero, statistics)
+
+
 # ---- the run contract ---------------------------------------------------------------------------
 contract_app = typer.Typer(help="The run contract: code, data, recipe and length a run must keep across "
                                 "resumes (ckptdoctor.contract.json in the run root).", no_args_is_help=True)

@@ -15,7 +15,7 @@ from .errors import UsageError
 
 ID_RE = re.compile(r"^CKD\d{3}$")
 NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
-AREAS = {"1": "verify", "2": "publish", "3": "reconcile", "4": "preflight", "5": "resume", "9": "tool"}
+AREAS = {"1": "verify", "2": "publish", "3": "reconcile", "4": "preflight", "5": "resume", "6": "forensics", "9": "tool"}
 REQUIRED = ("id", "name", "severity", "subcommands", "summary", "why", "fix")
 
 @functools.lru_cache(maxsize=1)

@@ -131,9 +131,20 @@ class ManifestFacts(Facts):
     bytes: Any = UNSET
 
 
+class ForensicsFacts(Facts):
+    logs: Any = UNSET                 # {"files", "lines", "timestamps"}
+    first_failure: Any = UNSET        # rank, ranks, host, path, errno, exception, message, time, log, line, chain...
+    timed_out_ranks: Any = UNSET      # ranks that only failed after it (timeouts, lost peers, SIGTERM)
+    checkpoint: Any = UNSET           # --run-root: {"path", "broken", "findings", "linked"}
+
+
+ForensicsFacts.FIELDS += ("class",)   # file | memory | derived-state | launcher; a keyword, so declared by name
+setattr(ForensicsFacts, "class", UNSET)
+
+
 FACTS = {"verify": VerifyFacts, "prune": VerifyFacts, "publish": PublishFacts, "reconcile": ReconcileFacts,
          "preflight": PreflightFacts, "merge": MergeFacts, "contract": ContractFacts, "digests": DigestsFacts,
-         "manifest": ManifestFacts}
+         "manifest": ManifestFacts, "forensics": ForensicsFacts}
 
 
 def for_command(command: str) -> Facts:

@@ -26,6 +26,7 @@ CHECK_MODULES = (
     "ckptdoctor.checks.reconcile",
     "ckptdoctor.checks.preflight",
     "ckptdoctor.checks.resume",
+    "ckptdoctor.checks.forensics",
     "ckptdoctor.checks.tool",
 )
 
@@ -34,7 +35,8 @@ CHECK_MODULES = (
 # which subcommands offer the options that switch a check on.  A rule's `subcommands` in the
 # catalog is tested against what this derives (tests/test_catalog.py).
 SCOPE_COMMANDS = {"checkpoint": ("verify", "publish"), "run": ("verify",), "reconcile": ("reconcile",),
-                  "preflight": ("preflight",), "contract": ("contract", "preflight"), "digests": ("digests",)}
+                  "preflight": ("preflight",), "contract": ("contract", "preflight"), "digests": ("digests",),
+                  "forensics": ("forensics",)}
 OPTION_COMMANDS = {"checksums": ("verify",), "deep": ("verify",)}
 
 

@@ -28,7 +28,7 @@ def report() -> dict[str, Any]:
             "properties": {
                 "version": {"const": 1},
                 "command": {"enum": ["verify", "publish", "reconcile", "preflight", "prune", "contract", "digests",
-                                     "manifest"]},
+                                     "manifest", "forensics"]},
                 "target": {"type": "string", "description": "the location as given"},
                 "root": {"type": "string", "description": "the location as an absolute path (or URL)"},
                 "config": {"type": ["string", "null"], "description": "the config file that applied"},

@@ -109,6 +109,8 @@ def render(report, out, plain: bool | None = None) -> None:
         _reconcile(con, facts)
     if cmd == "publish" and "published" in facts:
         _publish(con, facts)
+    if cmd == "forensics" and "logs" in facts:
+        _forensics(con, facts)
     if cmd == "preflight" and "nodes" in facts:
         _preflight(con, facts)
     if cmd == "prune" and "pruned" in facts:
@@ -136,6 +138,23 @@ def render(report, out, plain: bool | None = None) -> None:
     con.print(Text(f"{report.command}: {verdict} - {plural(s['error'], 'error')}, "
                    f"{plural(s['warning'], 'warning')}, {s['info']} info",
                    style="bold red" if report.failed() else "bold green"))
+
+
+def _forensics(con, facts) -> None:
+    lg, first = facts["logs"], facts.get("first_failure")
+    order = "by time" if lg["timestamps"] else "in log order (the lines carry no timestamps)"
+    con.print(Text(f"read {plural(lg['lines'], 'line')} of {plural(len(lg['files']), 'log')}; failures ordered {order}",
+                   style="dim"))
+    if first:
+        con.print(Text(f"class: {facts['class']}" + (f"; errno {first['errno']}" if first.get("errno") else "")
+                       + (f"; chain: {' <- '.join(first['chain'])}" if first.get("chain") else ""), style="bold"))
+    ck = facts.get("checkpoint")
+    if ck:
+        linked = "; ".join(f"{x['rule']} {x['message']}" for x in ck["linked"][:3])
+        con.print(Text(f"checkpoint {ck['path']}: " + (f"BROKEN - {linked}" if ck["broken"] else
+                                                       "verify finds it complete (the cause is elsewhere: "
+                                                       "memory, the storage, or a state mismatch)"),
+                       style="bold red" if ck["broken"] else "bold"))
 
 
 def _unk(v) -> str:
