@@ -32,10 +32,11 @@ def _rel(case: dict, path: str | None) -> str | None:
 
 def test_the_corpus_covers_every_failure_the_issue_names():
     kinds = {c["mode"] for c in DOC["cases"].values()}
+    assert DOC["cases"]["dcp-shard-missing"]["nproc"] == 4
     classes = {c["truth"]["class"] for c in DOC["cases"].values()}
     assert {"dcp-load", "dcp-load-killed", "dcp-save-big", "torch-load", "torch-load-as-limit", "ds-load",
             "trainer-resume"} <= kinds
-    assert {"file", "memory"} <= classes
+    assert {"file", "memory", "derived-state"} <= classes
     assert any(c["truth"]["after"] for c in DOC["cases"].values()), "no case where a rank only failed after"
     assert DOC["torch"] and all("library" in c for c in DOC["cases"].values() if c["mode"] in ("ds-load",
                                                                                                  "trainer-resume"))
@@ -72,7 +73,7 @@ def test_a_rank_that_only_failed_after_is_reported_as_such_and_never_blamed(name
 
 
 @pytest.mark.parametrize("name", [n for n in CASES if os.path.isdir(os.path.join(BASE, n, "run"))
-                                  and DOC["cases"][n]["truth"]["file"]])
+                                  and DOC["cases"][n]["truth"]["file"] and DOC["cases"][n]["truth"].get("broken", True)])
 def test_with_the_run_root_the_broken_checkpoint_is_verified_and_linked(tmp_path, name):
     """The log's paths are another machine's (/tmp/ckd-forensics/...): the run root is a copy."""
     case = DOC["cases"][name]
@@ -87,6 +88,18 @@ def test_with_the_run_root_the_broken_checkpoint_is_verified_and_linked(tmp_path
     assert ck["broken"] and rc == 1, (rc, ck, err)
     assert ck["linked"] and any(os.path.basename(want) in (x["path"] + x["message"]) for x in ck["linked"]), ck
     assert f"checkpoint {ck['path']}" in cli("forensics", *_logs(name), "--run-root", str(root))[1]
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if DOC["cases"][n]["truth"].get("broken") is False])
+def test_derived_state_with_a_complete_checkpoint_exits_0_and_says_the_files_are_fine(tmp_path, name):
+    """The files loaded; the state after the restore was wrong (a trainer that never restored its step,
+    caught by ckptdoctor.resume.check in the real run): not a broken checkpoint."""
+    root = shutil.copytree(os.path.join(BASE, name, "run"), tmp_path / "run", symlinks=True)
+    rc, out, err = cli("forensics", *_logs(name), "--run-root", str(root), "--format", "json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["facts"]["class"] == "derived-state" and doc["facts"]["checkpoint"]["broken"] is False
+    assert not [f for f in doc["findings"] if f["severity"] == "error"]
+    assert "verify finds it complete" in cli("forensics", *_logs(name), "--run-root", str(root))[1]
 
 
 def test_a_run_root_where_the_blamed_path_is_nowhere_is_said(tmp_path):

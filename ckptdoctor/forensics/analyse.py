@@ -47,7 +47,7 @@ _EXC = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|F
 _CKE = re.compile(r"CheckpointException ranks:dict_keys\(\[(?P<ranks>[\d, ]*)\]\)")
 _ERRNO = re.compile(r"\[Errno (?P<n>\d+)\]")
 _QUOTED_PATH = re.compile(r"""['"](?P<p>(?:/|[a-z][a-z0-9+]*://)[^'"\n]{1,4000})['"]""")
-_BARE_PATH = re.compile(r"(?P<p>(?:/|[a-z][a-z0-9+]*://)[\w.\-/+=:@%]{2,4000})")
+_BARE_PATH = re.compile(r"(?<![\w.\-/~])(?P<p>(?:/|[a-z][a-z0-9+]*://)[\w.\-/+=:@%]{2,4000})")
 _MENTION = re.compile(r"(?i)checkpoint|ckpt|\bload|\bsav(?:e|ing)|resum|restor")
 _CKPT_FRAME = re.compile(r"checkpoint|serialization\.py|safetensors|load_state_dict|state_dict|deepspeed/runtime|"
                          r"dist_checkpointing|trainer\.py")

@@ -12,6 +12,9 @@ holds exactly what torch, torchrun and Python print for it.  Modes:
   dcp-load-killed  rank 1 is SIGKILLed before the load (as the OOM killer does); the others load
   torch-load    torch.load of CKPT (one process)
   torch-load-as-limit  torch.load under an address-space limit below what the file needs
+  dcp-save-digests  dcp.save, then ckptdoctor.resume.record of what each rank saved
+  dcp-resume-forgot  dcp.load of the model only: the trainer bug of a step counter never restored,
+                caught by ckptdoctor.resume.check (derived state: every file is complete)
   ds-load       DeepSpeed ZeRO-2 engine.load_checkpoint(CKPT) (2 ranks; gen_deepspeed.py's engine)
   trainer-resume  Trainer.train(resume_from_checkpoint=True) in output_dir CKPT (gen_trainer.py's trainer)
 """
@@ -81,6 +84,23 @@ def main() -> None:
         return
     dist.init_process_group("gloo", timeout=TIMEOUT)
     rank, world = dist.get_rank(), dist.get_world_size()
+    if mode in ("dcp-save-digests", "dcp-resume-forgot"):
+        from ckptdoctor import resume
+        sd = state(rank, world)
+        sd["progress"] = {"step": torch.tensor(100)}
+        if mode == "dcp-save-digests":
+            log(f"saving checkpoint to {ckpt}")
+            dcp.save(sd, checkpoint_id=ckpt)
+            resume.record(sd, ckpt, rng=False)
+        else:
+            sd["progress"]["step"] = torch.tensor(0)
+            log(f"loading checkpoint from {ckpt}")
+            dcp.load({"model.weight": sd["model.weight"], "model.bias": sd["model.bias"]}, checkpoint_id=ckpt)
+            resume.check(sd, ckpt, rng=False)
+            log("resume proven")
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     if mode in ("dcp-save", "dcp-save-big"):
         log(f"saving checkpoint to {ckpt}")
         dcp.save(state(rank, world, big=mode == "dcp-save-big"), checkpoint_id=ckpt)

@@ -55,6 +55,10 @@ def cases() -> list[dict]:
          "ops": [["delete", "run/step-200/.metadata"]],
          "truth": {"class": "file", "exception": "AssertionError", "file": "run/step-200/.metadata", "errno": "ENOENT",
                    "ranks": [0, 1], "after": []}},
+        {"name": "dcp-resume-forgot-step", "nproc": 2, "mode": "dcp-resume-forgot", "make": "dcp-digests",
+         "ckpt": "run/step-200", "ops": [],
+         "truth": {"class": "derived-state", "exception": "ResumeMismatch", "file": "run/step-200", "errno": None,
+                   "ranks": [0, 1], "after": [], "broken": False}},
         {"name": "dcp-rank-killed", "nproc": 2, "mode": "dcp-load-killed", "make": "dcp", "ckpt": "run/step-200",
          "ops": [],
          "truth": {"class": "memory", "exception": "SIGKILL", "file": None, "errno": None, "ranks": [1],
@@ -121,9 +125,10 @@ def launch(py: str, case: dict, where: str, log) -> int:
 
 def make(py: str, case: dict, where: str, fixtures: str) -> None:
     run = os.path.join(where, "run")
-    if case["make"] == "dcp":
+    if case["make"] in ("dcp", "dcp-digests"):
+        save = "dcp-save-digests" if case["make"] == "dcp-digests" else "dcp-save"
         with open(os.devnull, "w") as null:
-            assert launch(py, dict(case, mode="dcp-save", logdir=False), where, null) == 0, "healthy save failed"
+            assert launch(py, dict(case, mode=save, logdir=False), where, null) == 0, "healthy save failed"
     elif case["make"] == "tmpfs":   # a 1 MiB filesystem: the 4 MiB-per-rank save hits ENOSPC
         os.makedirs(run)
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", run], check=True)
