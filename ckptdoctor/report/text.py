@@ -147,7 +147,7 @@ def _forensics(con, facts) -> None:
                    style="dim"))
     if first:
         con.print(Text(f"class: {facts['class']}" + (f"; errno {first['errno']}" if first.get("errno") else "")
-                       + (f"; chain: {' <- '.join(first['chain'])}" if first.get("chain") else ""), style="bold"))
+                       + (f"; chain: {', then '.join(first['chain'])}" if first.get("chain") else ""), style="bold"))
     ck = facts.get("checkpoint")
     if ck:
         linked = "; ".join(f"{x['rule']} {x['message']}" for x in ck["linked"][:3])

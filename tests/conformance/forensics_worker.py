@@ -15,6 +15,8 @@ holds exactly what torch, torchrun and Python print for it.  Modes:
   dcp-save-digests  dcp.save, then ckptdoctor.resume.record of what each rank saved
   dcp-resume-forgot  dcp.load of the model only: the trainer bug of a step counter never restored,
                 caught by ckptdoctor.resume.check (derived state: every file is complete)
+  mc-load       Megatron-Core dist_checkpointing.load of the iteration the tracker names in run root CKPT
+                (gen_megatron.py's sharded state dict, 2 ranks)
   ds-load       DeepSpeed ZeRO-2 engine.load_checkpoint(CKPT) (2 ranks; gen_deepspeed.py's engine)
   trainer-resume  Trainer.train(resume_from_checkpoint=True) in output_dir CKPT (gen_trainer.py's trainer)
 """
@@ -84,6 +86,17 @@ def main() -> None:
         return
     dist.init_process_group("gloo", timeout=TIMEOUT)
     rank, world = dist.get_rank(), dist.get_world_size()
+    if mode == "mc-load":
+        from gen_megatron import TRACKER, _state
+        from megatron.core import dist_checkpointing
+        it = int(open(os.path.join(ckpt, TRACKER)).read().strip())
+        d = os.path.join(ckpt, f"iter_{it:07d}")
+        log(f"loading checkpoint from {d}")
+        dist_checkpointing.load(_state(rank, it, empty=True), d)
+        log(f"resumed from iteration {it}")
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     if mode in ("dcp-save-digests", "dcp-resume-forgot"):
         from ckptdoctor import resume
         sd = state(rank, world)

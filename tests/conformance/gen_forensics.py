@@ -35,7 +35,9 @@ import damage  # noqa: E402
 
 
 def cases() -> list[dict]:
-    """name, what runs, how the checkpoint is made and damaged, and the truth (`exception` None where
+    """name, what runs, how the checkpoint is made and damaged, and the truth (`exception` is the cause,
+    not the last exception: megatron-core 0.16 hides a missing common.pt behind an AttributeError raised
+    while handling it; `exception` None where
     the real library varies between runs: a full disk is OSError ENOSPC on one rank and torch's
     "unexpected pos" RuntimeError on another, whichever write hits it)."""
     return [
@@ -80,6 +82,14 @@ def cases() -> list[dict]:
          "truth": {"class": "file", "exception": "FileNotFoundError",
                    "file": "run/global_step2/zero_pp_rank_1_mp_rank_00_optim_states.pt", "errno": "ENOENT",
                    "ranks": [1], "after": [0]}},
+        {"name": "megatron-common-missing", "nproc": 2, "mode": "mc-load", "make": "megatron", "ckpt": "run",
+         "python": "mc", "ops": [["delete", "run/iter_0000002/common.pt"]],
+         "truth": {"class": "file", "exception": "FileNotFoundError", "file": "run/iter_0000002/common.pt",
+                   "errno": "ENOENT", "ranks": [0, 1], "after": []}},
+        {"name": "megatron-metadata-json-missing", "nproc": 2, "mode": "mc-load", "make": "megatron", "ckpt": "run",
+         "python": "mc", "ops": [["delete", "run/iter_0000002/metadata.json"]],
+         "truth": {"class": "file", "exception": "CheckpointingException", "file": "run/iter_0000002",
+                   "errno": None, "ranks": [0, 1], "after": []}},
         {"name": "trainer-weights-truncated", "nproc": None, "mode": "trainer-resume", "make": "trainer",
          "ckpt": "run", "python": "hf", "ops": [["truncate", "run/checkpoint-4/model.safetensors"]],
          "truth": {"class": "file", "exception": "SafetensorError", "file": "run/checkpoint-4",
@@ -139,6 +149,8 @@ def make(py: str, case: dict, where: str, fixtures: str) -> None:
         torch.save({"w": torch.arange(n, dtype=torch.float32)}, os.path.join(run, "model.pt"))
     elif case["make"] == "ds":
         shutil.copytree(os.path.join(fixtures, "..", "deepspeed", "zero2"), run)
+    elif case["make"] == "megatron":
+        shutil.copytree(os.path.join(fixtures, "..", "megatron-core", "torch_dist"), run)
     elif case["make"] == "trainer":
         shutil.copytree(os.path.join(fixtures, "..", "transformers", "trainer"), run)
     damage.apply(where, case["ops"])
@@ -193,10 +205,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(HERE, "..", "fixtures", "real", "forensics"))
     ap.add_argument("--only")
-    ap.add_argument("--ds-python"), ap.add_argument("--hf-python")
+    ap.add_argument("--ds-python"), ap.add_argument("--hf-python"), ap.add_argument("--mc-python")
     args = ap.parse_args()
     import torch
-    pythons = {"torch": sys.executable, "ds": args.ds_python or sys.executable, "hf": args.hf_python or sys.executable}
+    pythons = {"torch": sys.executable, "ds": args.ds_python or sys.executable, "hf": args.hf_python or sys.executable,
+               "mc": args.mc_python or sys.executable}
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "cases.json")
@@ -206,10 +219,11 @@ def main() -> None:
         if args.only and case["name"] != args.only:
             continue
         rec = generate(case, out, pythons)
-        for key, lib in (("ds", "deepspeed"), ("hf", "transformers")):
+        for key, lib, mod in (("ds", "deepspeed", "deepspeed"), ("hf", "transformers", "transformers"),
+                              ("mc", "megatron-core", "megatron.core")):
             if case.get("python") == key:
                 rec["library"] = lib + "==" + subprocess.run(
-                    [pythons[key], "-c", f"import {lib}; print({lib}.__version__)"], capture_output=True,
+                    [pythons[key], "-c", f"import {mod}; print({mod}.__version__)"], capture_output=True,
                     text=True, env=dict(os.environ, DS_ACCELERATOR="cpu")).stdout.strip().splitlines()[-1]
         doc["cases"][case["name"]] = rec
         print(f"{case['name']}: exit {rec['exit_status']}", flush=True)
