@@ -176,6 +176,17 @@ def test_a_survived_traceback_is_evidence_not_the_failure():
     assert first["exception"] == "AssertionError" and first["path"].endswith("/.metadata")
 
 
+def test_a_logged_traceback_without_the_rank_prefix_is_not_the_failure_even_as_the_last_word(tmp_path):
+    """The same real log without torchrun's lines (they went to another file): DCP's logged
+    FileNotFoundError for __1.metadata is then the last traceback of the unprefixed lines; torch
+    prefixes an uncaught rank traceback with [rankN]:, so the unprefixed one was logged and survived."""
+    text = open(_logs("dcp-metadata-missing")[0]).read()
+    cut = tmp_path / "ranks-only.log"
+    cut.write_text(text[:text.index("failed (exitcode")].rsplit("\n", 1)[0] + "\n")
+    first = api.forensics([str(cut)]).facts["first_failure"]
+    assert first["exception"] == "AssertionError" and first["path"].endswith("/.metadata"), first
+
+
 def test_gzip_and_per_rank_files_are_read(tmp_path):
     assert _logs("dcp-shard-truncated")[0].endswith(".gz")
     assert api.forensics(_logs("dcp-shard-truncated")).facts["first_failure"]["exception"] == "EOFError"

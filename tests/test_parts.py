@@ -5,6 +5,7 @@ was committed (and of what was refused)."""
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -430,3 +431,37 @@ def test_a_dead_committer_is_taken_over_by_exactly_one_part(tmp_path):
         assert won.count(True) == 1, (_round, won)
         owner = json.loads(open(os.path.join(st.dir, "commit"), "rb").read())
         assert owner["pid"] != dead.pid and owner["host"] == naming.HOST
+
+
+def test_the_commit_never_happens_while_a_part_has_not_recorded(tmp_path):
+    """Whoever calls the commit (an elected part, a take-over after a dead committer), a part
+    whose record is not in is a refusal naming it, even when the parts that did record already
+    hold a checkpoint that verifies: that part's files would be missing from the publish."""
+    from ckptdoctor.publishing import parts as P
+    parts, full = nodes_of(tmp_path, 2)
+    whole = tmp_path / "whole" / NAME           # node 0 holds every file: the assembled tree verifies
+    shutil.copytree(full, whole)
+    dest = tmp_path / "dest"
+    rc, out, err = finish(start_part(whole, dest, 0, 2, "job9", "--timeout", "1"))
+    assert rc == 75 and "never arrived" in err, (rc, err)   # part 1 never came: a requeue, nothing committed
+    st = P.LocalParts(str(dest), NAME, P.PartSpec.parse("0/2", "job9"))
+    assert st.record_count() == {0}
+    res = P.PartResult(part=0, parts=2, publish_id="job9", dest=str(dest), name=NAME)
+    with pytest.raises(P.PartRefused, match=r"no record from parts \[1\]"):
+        P.commit_all(st, res, lambda tree: ("megatron", []), lambda *a: None, None, None, None)
+    assert not (dest / NAME).exists() and tracker_of(dest) is None
+
+
+def test_a_file_in_staging_that_no_part_recorded_is_never_published(tmp_path):
+    """A dead earlier attempt (say, with more ranks) left a file in staging under a name no part of
+    this publish holds: publishing it would add a file the save never wrote.  The commit refuses,
+    naming it, and nothing lands."""
+    parts, full = nodes_of(tmp_path, 2)
+    dest = tmp_path / "dest"
+    tree = dest / ".iter_0000100.ckptdoctor-parts-job6" / NAME
+    tree.mkdir(parents=True)
+    (tree / "__9_0.distcp").write_bytes(b"left by a dead attempt")
+    res = [finish(p) for p in [start_part(parts[k], dest, k, 2, "job6") for k in range(2)]]
+    assert sorted(r[0] for r in res) == [1, 1], res
+    assert any("unrecorded __9_0.distcp" in r[2] for r in res), [r[2] for r in res]
+    assert not (dest / NAME).exists() and tracker_of(dest) is None

@@ -160,6 +160,25 @@ def test_world_size_changed(four):
     assert hits[0]["details"]["extra_ranks"] == [2, 3]
 
 
+def test_after_a_world_size_change_a_node_missing_a_file_its_new_rank_overlaps_is_not_cleared(four):
+    """8 rows saved by 4 ranks (2 each), resumed by 3 (ceil(8/3) = 3 rows each): new rank 2 reads
+    rows 6-7, which only old rank 3's file holds.  Its node holds old ranks 1-2's files, enough
+    for a floor-rounded split (which would give rank 2 no rows of that file); it must be an error."""
+    src, root = four
+    holds = {"n1": (0, 1), "n2": (1, 2), "n3": (1, 2)}
+    for node, ranks in holds.items():
+        d = root / node / "run7" / "iter_0000100"
+        d.mkdir(parents=True)
+        for f in os.listdir(src):
+            if not f.endswith(".distcp") or int(f[2:].split("_")[0]) in ranks:
+                shutil.copy2(src / f, d / f)
+        (root / node / "run7" / "latest_checkpointed_iteration.txt").write_text("100")
+    rc, rep, err = pre(root / "{node}" / "run7", "--nodelist", "n[1-3]", "--ranks-per-node", "1")
+    hits = assert_fires_json(rep, "CKD401")
+    assert rc == 1 and [h for h in hits if "n3" in h["message"] and "__3_" in h["message"]], hits
+    assert not [h for h in hits if "n1" in h["message"] or "n2" in h["message"]], hits
+
+
 def test_shared_storage_and_rank_map(fixture_root, tmp_path):
     run = tmp_path / "run7"
     shutil.copytree(fixture_root / "megatron_run", run)

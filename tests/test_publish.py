@@ -555,6 +555,38 @@ def test_every_file_is_fsynced_before_the_commit_rename(tmp_path, monkeypatch):
     assert len(os.listdir(tmp_path / "dest" / "iter_0000100")) >= 6
 
 
+def test_every_directory_of_the_checkpoint_is_fsynced_before_the_commit_rename(tmp_path, monkeypatch):
+    """After a power loss a published checkpoint keeps its name and every file in every subdirectory:
+    a file's entry is durable only once its own directory is fsynced, so each directory of the copy
+    (subdirectories included) is fsynced after its last entry and before the rename."""
+    from ckptdoctor.publishing import flow
+    src = megatron_iter(tmp_path / "src" / "iter_0000100", 100, mb=0.1, ranks=2)
+    for sub in ("ckptdoctor.digests", "extra/nested"):
+        os.makedirs(os.path.join(src, sub))
+        with open(os.path.join(src, sub, "rank_00000.json"), "w") as fh:
+            fh.write("{}")
+    synced: dict[tuple[int, int], int] = {}
+    clock = iter(range(1, 1 << 30))
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        real_fsync(fd)
+        st = os.fstat(fd)
+        synced[(st.st_dev, st.st_ino)] = next(clock)
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    unsynced: list[list[str]] = []
+    real_rename = flow.rename_noreplace
+
+    def checking_rename(a, b):
+        dirs = [a] + [os.path.join(d, x) for d, xs, _ in os.walk(a) for x in xs]
+        unsynced.append([os.path.relpath(d, a) for d in dirs if (os.stat(d).st_dev, os.stat(d).st_ino) not in synced])
+        return real_rename(a, b)
+    monkeypatch.setattr(flow, "rename_noreplace", checking_rename)
+    api.publish(src, str(tmp_path / "dest"), workers=2)
+    assert unsynced == [[]], unsynced
+    assert os.path.isfile(tmp_path / "dest" / "iter_0000100" / "extra" / "nested" / "rank_00000.json")
+
+
 def test_a_failed_fsync_publishes_nothing(tmp_path, monkeypatch):
     """EIO at writeback (a dying disk, a full thin pool) surfaces at fsync: the publish must fail
     whole, naming the file, with the temporary copy removed and the tracker untouched."""

@@ -239,6 +239,17 @@ def test_fix_refuses_when_it_would_stall(tmp_path):
     assert open(path, "rb").read() == before
 
 
+def test_fix_refuses_when_the_last_step_it_would_hand_out_is_not_exactly_full(tmp_path):
+    """The repair raises the cursor to A-1; every step up to and including A-1 must hold exactly N
+    groups.  Step 7 = A-1 holding 5 groups for N=4 is refused, naming the step, and nothing is written."""
+    path = write_state(tmp_path, state(c=6, a=8, targets=(7, 7, 7, 7, 7)))
+    before = open(path, "rb").read()
+    rc, out, err = cli("reconcile", "--fix", path)
+    assert "no automatic repair" in err and "step(s) 7 in (6, 7]" in err and "exactly 4 groups" in err, err
+    assert open(path, "rb").read() == before
+    assert os.listdir(tmp_path) == ["state.json"]
+
+
 # ---- real NeMo-RL step directories (torch.save archives, read without torch) -------------------
 @pytest.fixture
 def nemo(tmp_path):
