@@ -244,6 +244,9 @@ def verify(
                                  "and change nothing."),
     allow_fresh: bool = typer.Option(False, "--allow-fresh", help="With --target resume: an empty run root, "
                                      "or a run root with nothing to resume from, passes the gate (a new run)."),
+    loader_torch: str | None = typer.Option(None, "--loader-torch", help="The torch version the job loads with "
+                                               "(e.g. 2.3.1): a DCP checkpoint it cannot unpickle is an error "
+                                               "(CKD134) [default: the torch installed here, if any]."),
     select: list[str] | None = SelectOpt, ignore: list[str] | None = IgnoreOpt,
     fail_on: Level | None = FailOnOpt, severity: list[str] | None = SeverityOpt,
     config: str | None = ConfigOpt, isolated: bool = IsolatedOpt, format: Fmt = FormatOpt, output: str | None = OutputOpt,
@@ -260,12 +263,18 @@ def verify(
         raise UsageError("--fix-to, --quarantine and --dry-run only make sense with --fix")
     if allow_fresh and target.value != "resume":
         raise UsageError("--allow-fresh only makes sense with --target resume (the relaunch gate)")
+    if loader_torch is not None:
+        from .layouts.torchver import vtuple
+        try:
+            vtuple(loader_torch)
+        except ValueError as exc:
+            raise UsageError(f"--loader-torch: {exc}") from None
 
     def one(path: str):
         def make_engine():
             return _engine("verify", path, c, {"num_experts": num_experts, "mtime_tolerance": mtime_tolerance,
                                                "checksums": checksums or None, "slice": sl, "workers": workers,
-                                               "deep": deep or None})
+                                               "deep": deep or None, "loader_torch": loader_torch})
         if not fix:
             eng = make_engine()
             flow.run(path, eng, layout=layout, target=target.value, allow_fresh=allow_fresh)

@@ -337,6 +337,9 @@ MUTANTS = [
       "                if not ev.prefixed:\n                    ev.handled = True",
       "                if False:\n                    ev.handled = True",
       ("tests/test_forensics.py",), "a traceback the process logged and survived is called the failure"),
+    M("torch-loader-installed-ignored", "ckptdoctor/checks/verify_dcp.py",
+      "    loader = given or torchver.installed()", "    loader = given",
+      ("tests/test_conformance.py",), "verify ignores the torch installed beside it when no --loader-torch is given"),
 ]
 
 

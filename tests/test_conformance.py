@@ -112,3 +112,57 @@ def test_preflight_names_exactly_the_ranks_whose_megatron_load_fails(tmp_path, d
         assert errors == set(split["failed_ranks"]), (plan, split["detail"], rep["findings"])
         assert not [f for f in rep["findings"] if f["rule"] == "CKD411"], rep["findings"]
         assert (rc == 0) == (not errors)
+
+
+# ---- which torch loads a DCP checkpoint (gen_torch_versions.py: real dcp.save / dcp.load of each version)
+TV = REAL / "torch-versions"
+
+
+def _loads() -> list:
+    doc = json.loads((TV / "loads.json").read_text())
+    out = []
+    for key, outcome in sorted(doc["loads"].items()):
+        m = re.match(r"^(\S+) -> (\S+) (plain|sharded)$", key)
+        out.append(pytest.param(m.group(1), m.group(2), m.group(3), outcome, id=key.replace(" ", "_")))
+    return out
+
+
+def test_the_cross_version_matrix_covers_old_and_new_torch():
+    doc = json.loads((TV / "loads.json").read_text())
+    assert {"2.3.1", "2.13.0"} <= set(doc["versions"]) and len(doc["versions"]) >= 4
+    assert len(doc["loads"]) == 2 * len(doc["versions"]) ** 2
+    assert any(v != "loads" and not v.startswith("loads") for v in doc["loads"].values()), "no failing pair measured"
+
+
+@pytest.mark.parametrize("writer,reader,kind,outcome", _loads())
+def test_verify_with_the_loader_torch_agrees_with_the_real_load(writer, reader, kind, outcome):
+    """No false pass (a torch that failed to load it is an error naming .metadata) and no false alarm
+    (a torch that loaded it passes), for every writer and reader version measured."""
+    rep = api.verify(str(TV / writer / kind), loader_torch=reader)
+    hits = [f for f in rep.findings if f.rule == "CKD134"]
+    if outcome.startswith("loads"):
+        assert not hits and not rep.failed(), [(f.rule, f.message) for f in rep.findings]
+    else:
+        assert "StorageMeta" in outcome
+        FIRED.add("CKD134")
+        assert hits and hits[0].severity == "error" and hits[0].path.endswith(".metadata"), rep.findings
+        assert f"torch {reader}" in hits[0].message and rep.failed()
+
+
+@pytest.mark.parametrize("writer", sorted(p.name for p in TV.iterdir() if p.is_dir()) if TV.is_dir() else [])
+def test_verify_reports_which_torch_can_load_each_checkpoint(writer):
+    rep = api.verify(str(TV / writer / "plain"))
+    [row] = rep.facts["checkpoints"]
+    new = tuple(map(int, writer.split("."))) >= (2, 4)
+    assert row["torch"] == ({"loadable_by": ">=2.4", "because": ["torch.distributed.checkpoint.metadata.StorageMeta"]}
+                            if new else {"loadable_by": "any", "because": []}), row
+
+
+def test_the_installed_torch_is_the_default_loader(tmp_path, monkeypatch):
+    from ckptdoctor.layouts import torchver
+    monkeypatch.setattr(torchver, "installed", lambda: "2.3.1")
+    rep = api.verify(str(TV / "2.13.0" / "plain"))
+    [hit] = [f for f in rep.findings if f.rule == "CKD134"]
+    assert "installed here" in hit.message and hit.details["source"] == "installed here"
+    monkeypatch.setattr(torchver, "installed", lambda: None)
+    assert not api.verify(str(TV / "2.13.0" / "plain")).failed()

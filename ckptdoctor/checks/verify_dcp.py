@@ -306,3 +306,27 @@ def expert_collision(ck, eng):
                                    "expected_from": source, "writer_ranks": sorted(writers.get(f, ()))},
                           hint="only one expert-parallel group's experts were saved (DCP dedup kept one "
                                "copy); use the save-time guard ckptdoctor.guards.check_unique_shards")
+
+
+@check("CKD134", "checkpoint")
+def torch_cannot_load(ck, eng):
+    """The torch that will load it (--loader-torch, else the one installed here) must have every
+    global the `.metadata` pickles (rules/torch-loaders.yaml: measured with the real wheels)."""
+    md = _md(ck)
+    if not md or not md.globals:
+        return
+    from ..layouts import torchver
+    since, why = torchver.needed(md.globals)
+    if since is None:
+        return
+    given = eng.opt("loader_torch")
+    loader = given or torchver.installed()
+    if loader is None or torchver.vtuple(loader) >= torchver.vtuple(since):
+        return
+    src = "--loader-torch" if given else "installed here"
+    yield Hit(_mdpath(ck), f"torch {loader} ({src}) cannot load this checkpoint: its .metadata pickles "
+                           f"{', '.join(n.rsplit('.', 1)[-1] for n in why)}, which torch has only since {since} "
+                           f"(dcp.load raises AttributeError inside a CheckpointException)",
+              details={"loader_torch": loader, "source": src, "needs": since, "globals": why},
+              hint=f"load it with torch >= {since} (the image that wrote it), or pass --loader-torch with the "
+                   f"job's torch version if it is not the one installed here")

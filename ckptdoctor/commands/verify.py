@@ -236,10 +236,16 @@ def _row(s: CheckpointStatus) -> dict:
     except OSError:
         size, mtime = None, None
     age = age_seconds(mtime)
-    return {"name": c.name, "step": c.step, "layout": c.layout.name if c.layout else None,
-            "complete": s.complete, "why": s.reasons, "unverified": s.unverified, "bytes": size,
-            "age_seconds": round(age, 1) if age is not None else None, "findings": s.findings,
-            "files": _count(c)}
+    row = {"name": c.name, "step": c.step, "layout": c.layout.name if c.layout else None,
+           "complete": s.complete, "why": s.reasons, "unverified": s.unverified, "bytes": size,
+           "age_seconds": round(age, 1) if age is not None else None, "findings": s.findings,
+           "files": _count(c)}
+    md = c.__dict__["dcp"].metadata if "dcp" in c.__dict__ else None   # only what the checks already read
+    if md is not None and md.globals:
+        from ..layouts import torchver
+        since, why = torchver.needed(md.globals)
+        row["torch"] = {"loadable_by": f">={since}" if since else "any", "because": why}
+    return row
 
 
 def _count(c) -> int | None:

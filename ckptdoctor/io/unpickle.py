@@ -173,8 +173,11 @@ def resolve_global(allow: dict, module: str, name: str):
 
 class RestrictedUnpickler(pickle.Unpickler):
     allow: dict[tuple[str, str], Any] = DCP_ALLOW
+    seen: set | None = None   # when a set: every global the pickle names (which torch can load it)
 
     def find_class(self, module, name):
+        if self.seen is not None:   # once per distinct global: the pickle memoizes what it found
+            self.seen.add((module, name))
         return resolve_global(self.allow, module, name)
 
     def persistent_load(self, pid):
@@ -221,13 +224,17 @@ def pickle_budget(size: int) -> int:
     return 16 * size + (256 << 20)
 
 
-def loads_dcp(data: bytes) -> Any:
+def loads_dcp(data: bytes, seen: set | None = None) -> Any:
     with memory_budget(pickle_budget(len(data))):
-        return RestrictedUnpickler(io.BytesIO(data)).load()
+        u = RestrictedUnpickler(io.BytesIO(data))
+        u.seen = seen
+        return u.load()
 
 
-def load_dcp_file(fh, size: int) -> Any:
+def load_dcp_file(fh, size: int, seen: set | None = None) -> Any:
     """The same from an open file of `size` bytes, read as the unpickler goes: the pickle's bytes
     are never all in memory beside the objects they become (at 1M records, 0.4 GiB less peak)."""
     with memory_budget(pickle_budget(size)):
-        return RestrictedUnpickler(fh).load()
+        u = RestrictedUnpickler(fh)
+        u.seen = seen
+        return u.load()
