@@ -126,6 +126,9 @@ def _why_required(layout: str, name: str) -> str:
     return {("verl", "data.pt"): "without it verl restarts the dataloader from sample 0 while the step "
                                  "resumes (prompts repeat); rotation deleting actor/ leaves such dirs too",
             ("hf-trainer", "trainer_state.json"): "Trainer cannot restore global_step or the RNG/LR state",
+            ("orbax", "_CHECKPOINT_METADATA"): "it records the item handlers: CheckpointManager still lists the step "
+                                               "as latest, and restore(step) raises ValueError (orbax-checkpoint "
+                                               "0.12.8, measured); copy it from the source",
             }.get((layout, name), "the framework cannot resume without it")
 
 
@@ -385,6 +388,11 @@ def orbax_item_damaged(ck, eng):
                       f"array store has no root, and Orbax cannot restore any array of {item!r}",
                       details={"item": item, "file": f"{item}/{spec['manifest']}", "problem": "missing"})
             continue
+        tree = spec.get("tree_metadata")
+        if tree and not (entries.get(tree) and entries[tree].is_file):
+            yield Hit(ck.path(f"{item}/{tree}"), f"{item}/{tree} is missing: the PyTree restore of {item!r} reads the "
+                      f"item's tree from it and raises FileNotFoundError (orbax-checkpoint 0.12.8, measured)",
+                      details={"item": item, "file": f"{item}/{tree}", "problem": "missing"})
         named = [spec["manifest"]]
         if nodes_dir and nodes_dir.is_dir:
             try:

@@ -11,6 +11,7 @@ Ops, all relative to the run root:
   ["delete", path]            remove a file (a rank's save that never happened, a copy that skipped it)
   ["delete_glob", dir, glob]  remove every file of dir matching glob
   ["write", path, text]       (re)write a small file (a tracker naming something else)
+  ["mkdir", path]             an empty directory (a step directory a killed save created first)
   ["copy_partial", src, dst, glob]  a newer save killed early: dst holds only src's files matching glob
 """
 from __future__ import annotations
@@ -36,6 +37,8 @@ def apply(root: str, ops: list) -> None:
         elif kind == "write":
             with open(os.path.join(root, args[0]), "w") as fh:
                 fh.write(args[1])
+        elif kind == "mkdir":
+            os.makedirs(os.path.join(root, args[0]))
         elif kind == "copy_partial":
             src, dst = os.path.join(root, args[0]), os.path.join(root, args[1])
             os.makedirs(dst)

@@ -1,0 +1,123 @@
+"""Generator: Orbax checkpoints written by orbax-checkpoint itself, damaged, labelled by its own restore.
+
+    python tests/conformance/gen_orbax.py [--out tests/fixtures/real/orbax]
+
+Needs orbax-checkpoint and jax (the `conformance` extra; CPU is enough).  A CheckpointManager saves a
+small pytree (StandardSave) at steps 1 and 2 of a run root; then for every case of the damage matrix
+(tests/conformance/damage.py) a copy of the root is damaged and a fresh process builds a manager on it,
+asks `latest_step()` and restores that step the way a training script resumes (`restore(step)`, no
+arguments: the item handlers recorded in the step's _CHECKPOINT_METADATA say how):
+
+  loads               the latest step is 2 and the restored tree equals what was saved at 2
+  raises              latest_step() or restore raised (type and text recorded)
+  wrong-state         it restored another step's tree, or a tree that differs
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import damage  # noqa: E402
+
+
+def cases() -> list[dict]:
+    return [
+        {"name": "healthy", "ops": [], "names": None},
+        {"name": "checkpoint-metadata-missing", "ops": [["delete", "2/_CHECKPOINT_METADATA"]],
+         "names": "2/_CHECKPOINT_METADATA"},
+        {"name": "commit-success-missing", "ops": [["delete", "2/commit_success.txt"]], "names": "2"},
+        {"name": "item-manifest-missing", "ops": [["delete", "2/default/manifest.ocdbt"]],
+         "names": "2/default"},
+        {"name": "item-metadata-missing", "ops": [["delete", "2/default/_METADATA"]], "names": "2/default"},
+        {"name": "empty-newer-step", "ops": [["mkdir", "3"]], "names": "3"},
+        {"name": "killed-newer-save", "ops": [["copy_partial", "2", "3.orbax-checkpoint-tmp-1", "_CHECKPOINT*"]],
+         "names": "3.orbax-checkpoint-tmp-1"},
+    ]
+
+
+def worker(mode: str, root: str, result: str) -> None:
+    import numpy as np
+    import orbax.checkpoint as ocp
+    seen: dict = {}
+    try:
+        mgr = ocp.CheckpointManager(root)
+        if mode == "save":
+            for step in (1, 2):
+                tree = {"w": np.full((4, 3), float(step), dtype=np.float32), "step": np.int32(step)}
+                mgr.save(step, args=ocp.args.StandardSave(tree))
+            mgr.wait_until_finished()
+            seen["ok"] = True
+        else:
+            step = mgr.latest_step()
+            seen["latest"] = step
+            got = mgr.restore(step)
+            seen["w"] = float(np.asarray(got["w"]).mean())
+            seen["step"] = int(np.asarray(got["step"]))
+        mgr.close()
+    except BaseException as exc:  # noqa: BLE001 - what the real restore raised is the label
+        seen["raised"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    with open(result, "w") as fh:
+        json.dump(seen, fh)
+
+
+def run(mode: str, root: str) -> dict:
+    with tempfile.TemporaryDirectory() as t:
+        res = os.path.join(t, "r.json")
+        subprocess.run([sys.executable, __file__, "--worker", mode, "--root", root, "--result", res],
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"), stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=600)
+        try:
+            with open(res) as fh:
+                return json.load(fh)
+        except (OSError, ValueError):
+            return {"raised": "no result (the process died)"}
+
+
+def label(seen: dict) -> tuple[str, list]:
+    if "raised" in seen:
+        return "raises", [seen["raised"]]
+    if seen.get("latest") != 2 or seen.get("step") != 2 or seen.get("w") != 2.0:
+        return "wrong-state", [f"latest {seen.get('latest')}, restored step {seen.get('step')}, w {seen.get('w')}"]
+    return "loads", []
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(HERE, "..", "fixtures", "real", "orbax"))
+    ap.add_argument("--worker"), ap.add_argument("--root"), ap.add_argument("--result")
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args.worker, args.root, args.result)
+    import orbax.checkpoint
+    from importlib.metadata import version
+    healthy = os.path.join(args.out, "run")
+    shutil.rmtree(healthy, ignore_errors=True)
+    os.makedirs(args.out, exist_ok=True)
+    got = run("save", os.path.abspath(healthy))
+    assert got.get("ok"), f"the healthy save failed: {got}"
+    doc = {"library": "orbax-checkpoint", "version": version("orbax-checkpoint"), "jax": version("jax"),
+           "generator": "tests/conformance/gen_orbax.py", "world_size": 1,
+           "stages": {"orbax": {"root": "run", "cases": {}}}}
+    del orbax
+    for case in cases():
+        with tempfile.TemporaryDirectory() as t:
+            root = damage.copy_and_apply(healthy, os.path.join(t, "run"), case["ops"])
+            outcome, detail = label(run("load", root))
+            detail = [d.replace(root, "<root>") for d in detail]
+        doc["stages"]["orbax"]["cases"][case["name"]] = {"ops": case["ops"], "names": case["names"],
+                                                         "outcome": outcome, "detail": detail}
+        print(f"orbax {case['name']}: {outcome} {detail}", flush=True)
+    with open(os.path.join(args.out, "outcomes.json"), "w") as fh:
+        json.dump(doc, fh, indent=1, sort_keys=True)
+        fh.write("\n")
+
+
+if __name__ == "__main__":
+    main()
