@@ -299,7 +299,7 @@ def _finish_many(engines: list, fmt: Fmt, output: str | None, exit_zero: bool, s
         emit(lambda: render_many(reports, fmt.value, sys.stdout))
     if statistics:
         from .engine.finding import Report
-        _statistics(Report(command="verify", target="", findings=[f for r in reports for f in r.findings]))
+        _statistics(Report(command=reports[0].command, target="", findings=[f for r in reports for f in r.findings]))
     if any(e.internal_errors for e in engines):
         raise typer.Exit(EXIT_INTERNAL)
     raise typer.Exit(1 if any(r.failed() for r in reports) and not exit_zero else 0)
@@ -321,7 +321,8 @@ def _parse_slice(value: str | None, reads: bool):
 
 
 @app.command(rich_help_panel="Inspection")
-def manifest(path: str = typer.Argument(..., help="One checkpoint directory (local)."),
+def manifest(paths: list[str] = typer.Argument(..., metavar="PATH...", help="Checkpoint directories (local); "
+                                               "several are hashed one after another, in one process."),
              workers: int | None = typer.Option(None, "--workers", help="Hashing threads."),
              force: bool = typer.Option(False, "--force", help="Write it even if the checkpoint fails "
                                         "structural verify."),
@@ -332,14 +333,21 @@ def manifest(path: str = typer.Argument(..., help="One checkpoint directory (loc
     from .commands.manifest import write_manifest
     _logging(quiet, debug)
     _text_or_json(format, "manifest")
-    target, nfiles, nbytes = write_manifest(path, workers=workers, quiet=quiet, force=force, replace=replace)
-    if format is Fmt.text:
-        emit(lambda: print(f"wrote {target}: {nfiles} files, {nbytes} bytes"))
-    else:  # the shared report shape (`ckptdoctor schema report`): command, findings, summary, facts
-        from .engine.finding import Report
-        rep = Report(command="manifest", target=path)
+    from .engine.finding import Report
+    reps = []
+    for path in paths:   # each written before the next is hashed: a refusal stops the rest (exit 2)
+        target, nfiles, nbytes = write_manifest(path, workers=workers, quiet=quiet, force=force, replace=replace)
+        if format is Fmt.text:
+            emit(lambda: print(f"wrote {target}: {nfiles} files, {nbytes} bytes"))
+        rep = Report(command="manifest", target=path)   # the shared report shape (`ckptdoctor schema report`)
         rep.facts["manifest"], rep.facts["files"], rep.facts["bytes"] = target, nfiles, nbytes
-        emit(lambda: _render(rep, format))
+        reps.append(rep)
+    if format is not Fmt.text:
+        if len(reps) == 1:
+            emit(lambda: _render(reps[0], format))
+        else:
+            from .report import render_many
+            emit(lambda: render_many(reps, format.value, sys.stdout))
 
 
 @app.command(rich_help_panel="Inspection")
@@ -440,7 +448,9 @@ def publish(
 
 @app.command(rich_help_panel="Publishing")
 def prune(
-    path: str = typer.Argument(..., help="Run root (a directory of checkpoints): a path or an fsspec URL."),
+    paths: list[str] = typer.Argument(..., metavar="RUN_ROOT...", help="Run roots (directories of checkpoints): "
+                                      "paths or fsspec URLs; several give one report per root and the worst exit "
+                                      "status."),
     keep_last: int | None = typer.Option(None, "--keep-last", help="Keep the newest K checkpoints."),
     keep_every: int | None = typer.Option(None, "--keep-every", help="Also keep every checkpoint whose step "
                                              "is a multiple of M."),
@@ -460,11 +470,16 @@ def prune(
     _logging(quiet, debug)
     from .commands import prune as flow
     c = Common(None, None, None, None, None, True, format, debug, quiet, verbose, color)
-    eng = _engine("prune", path, c, {"keep_last": keep_last, "keep_every": keep_every})
-    flow.run(path, eng, keep_last=eng.opt("keep_last"), keep_every=eng.opt("keep_every"), dry_run=dry_run,
-             keep_within=keep_within)
-    eng.report.fail_on = fail_on.value if fail_on else "never"   # a nightly cron fails only when asked to
-    _finish(eng, format, output, exit_zero, statistics)
+
+    def one(path: str):
+        eng = _engine("prune", path, c, {"keep_last": keep_last, "keep_every": keep_every})
+        flow.run(path, eng, keep_last=eng.opt("keep_last"), keep_every=eng.opt("keep_every"), dry_run=dry_run,
+                 keep_within=keep_within)
+        eng.report.fail_on = fail_on.value if fail_on else "never"   # a nightly cron fails only when asked to
+        return eng
+    if len(paths) == 1:
+        _finish(one(paths[0]), format, output, exit_zero, statistics)
+    _finish_many([one(p) for p in paths], format, output, exit_zero, statistics)
 
 
 @app.command(rich_help_panel="Inspection")

@@ -4,6 +4,7 @@ deleted by --fix; prune never removes the tracker's target, the resume target, t
 checkpoint, or one being written."""
 import json
 import os
+import shutil
 import time
 import subprocess
 import sys
@@ -206,3 +207,26 @@ def test_prune_keep_within_keeps_recent_checkpoints_and_says_what_it_frees(four)
     for bad in ("7m", "seven days", "", "7d-1h"):
         rc, out, err = cli("prune", "--keep-within", bad, str(four))
         assert rc == 2 and "--keep-within" in err and "Traceback" not in err, (bad, err)
+
+
+def test_prune_and_manifest_take_several_paths_in_one_process(four, tmp_path):
+    """`prune A B` and `manifest A B`: one document (json: a `reports` list valid against the shipped
+    schema), each root judged on its own, the worst exit status."""
+    jsonschema = pytest.importorskip("jsonschema")
+    other = tmp_path / "other"
+    shutil.copytree(four, other, symlinks=True)
+    rc, out, err = cli("prune", "--keep-last", "1", "--dry-run", "-f", "json", str(four), str(other))
+    doc = json.loads(out)
+    jsonschema.validate(doc, json.loads(cli("schema", "report")[1]))
+    assert rc == 0 and doc["command"] == "prune" and [r["target"] for r in doc["reports"]] == [str(four), str(other)]
+    assert all(r["facts"]["pruned"]["dry_run"] and r["facts"]["pruned"]["removed"] for r in doc["reports"]), doc
+    rc, out, err = cli("prune", "--keep-last", "1", "--dry-run", str(four), str(other))
+    assert rc == 0 and out.rstrip().endswith("prune: 2 paths, all ok") and out.count("would free") == 2
+    cks = [str(four / "iter_0000100"), str(other / "iter_0000100")]
+    rc, out, err = cli("manifest", "-f", "json", *cks)
+    doc = json.loads(out)
+    jsonschema.validate(doc, json.loads(cli("schema", "report")[1]))
+    assert rc == 0 and [r["facts"]["manifest"] for r in doc["reports"]] == [os.path.join(c, "ckptdoctor.manifest.json")
+                                                                            for c in cks]
+    rc, out, err = cli("manifest", "--replace", *cks)
+    assert rc == 0 and out.count("wrote ") == 2

@@ -356,6 +356,11 @@ def test_a_passing_verify_says_what_it_checked_in_every_format(tmp_path):
     assert rc == 0 and f"checked 1 checkpoint (megatron-torch-dist): {len(files)} files" in out
     rc, out, err = cli("verify", "--deep", "-f", "concise", str(ck))
     assert rc == 0 and out.strip().endswith("(listing, sizes, markers, deep scan)"), out
+    rc, out, err = cli("verify", "-f", "sarif", str(ck))
+    inv = json.loads(out)["runs"][0]["invocations"][0]
+    assert rc == 0 and inv["properties"]["verdict"] == "ok" and inv["properties"]["checked"]["files"] == len(files)
+    note = inv["toolExecutionNotifications"][0]["message"]["text"]
+    assert note.startswith("verify: ok; checked 1 checkpoint(s)") and f"{size} bytes" in note, note
 
 
 def test_acknowledged_findings_are_info_with_their_reason_and_never_change_the_gate(tmp_path):

@@ -48,7 +48,22 @@ def build(report) -> dict:
             "runs": [{**run,
                       "results": results,
                       "invocations": [{"executionSuccessful": True,
-                                       "commandLine": f"ckptdoctor {report.command} {report.target}"}]}]}
+                                       "commandLine": f"ckptdoctor {report.command} {report.target}",
+                                       **_summary(report)}]}]}
+
+
+def _summary(report) -> dict:
+    """The positive summary (what was checked, the verdict) as the invocation's property bag and a
+    notification a viewer shows even when there are no results."""
+    checked = report.facts.get("checked")
+    verdict = "FAIL" if report.failed() else "ok"
+    props = {"verdict": verdict, **({"checked": checked} if checked else {})}
+    if checked and checked.get("checkpoints"):
+        text = (f"{report.command}: {verdict}; checked {checked['checkpoints']} checkpoint(s), {checked['files']} "
+                f"file(s), {checked['bytes']} bytes ({', '.join(checked['compared'])})")
+    else:
+        text = f"{report.command}: {verdict}"
+    return {"properties": props, "toolExecutionNotifications": [{"level": "note", "message": {"text": text}}]}
 
 
 def _root(target: str) -> str | None:

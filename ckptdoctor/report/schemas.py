@@ -40,8 +40,8 @@ def report() -> dict[str, Any]:
               "properties": {s: {"type": "integer", "minimum": 0} for s in SEVERITIES}}
     many = {"type": "object", "additionalProperties": False, "required": ["version", "command", "reports", "summary",
                                                                           "failed"],
-            "description": "`verify PATH PATH...`: one report per path, the totals, the paths that failed",
-            "properties": {"version": {"const": 1}, "command": {"const": "verify"},
+            "description": "`verify|prune|manifest PATH PATH...`: one report per path, the totals, the paths that failed",
+            "properties": {"version": {"const": 1}, "command": {"enum": ["verify", "prune", "manifest"]},
                            "reports": {"type": "array", "minItems": 2, "items": single}, "summary": counts,
                            "failed": {"type": "array", "items": {"type": "string"}}}}
     return {"$schema": "https://json-schema.org/draft/2020-12/schema",
