@@ -1,9 +1,12 @@
 """Parse an everyday command line without importing typer or click (issue 20: start-up).
 
-typer stays the definition and the judge.  The first typer run of a CLI version compiles, from
-the click commands typer built, a spec of every command's parameters (option names, flags, value
-types, choices, defaults, how typer converts them) into the cache directory, keyed by the stat of
-the files that declare the CLI and of typer itself.  Later runs parse from the spec when the
+typer stays the definition and the judge.  At build time (`scripts/gen_docs.py`) the click commands
+typer builds are compiled into a spec of every command's parameters (option names, flags, value
+types, choices, defaults, how typer converts them), shipped as `ckptdoctor/_cli_spec.json` with a
+hash of the files that declare the CLI; a run uses it only when those files still hash the same (an
+edit in a checkout without regenerating sends every command line to typer; tests/test_docs.py fails
+on it), and writes nothing anywhere (issue 38: the spec cached in the user's home went stale after a
+reinstall of typer and grew by a file per checkout).  Runs parse from the spec when the
 command line is plainly valid: known options with well-formed values, the right number of
 arguments.  Anything else (help, a typo, a bad value, a missing argument, `--`, bundled short
 flags, completion) goes to typer, which prints exactly what it always printed.  So the fast path
@@ -27,34 +30,31 @@ class Call:
         self.fn, self.kwargs = fn, kwargs
 
 
+ARTEFACT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cli_spec.json")
+
+
 def _key_files() -> list[str]:
     here = os.path.dirname(os.path.abspath(__file__))
     return [os.path.join(here, "cli.py"), os.path.join(here, "clidecl.py"), __file__]
 
 
-def _stat(path: str) -> list:
-    st = os.stat(path)
-    return [path, st.st_size, st.st_ino, st.st_ctime_ns, st.st_mtime_ns]
-
-
-def _cache_path() -> str:
-    """Keyed by the files that declare the CLI; the spec itself names the typer it came from (an
-    upgrade of typer changes that file's stat, and the spec is not used: see _load_spec)."""
-    from .engine.yamlcache import _cache_dir
-    sig = [_stat(f) for f in _key_files()]
+def source_hash() -> str:
+    """The files that declare the CLI, hashed (~45 KB: well under a millisecond)."""
     import xxhash
-    h = xxhash.xxh3_128(repr((SPEC_VERSION, sys.prefix, sys.version_info[:2], sig)).encode()).hexdigest()
-    return os.path.join(_cache_dir(), f"cli-{h}.json")
+    h = xxhash.xxh3_128()
+    for f in _key_files():
+        with open(f, "rb") as fh:
+            h.update(fh.read())
+    return h.hexdigest()
 
 
 def _load_spec() -> dict | None:
     try:
-        with open(_cache_path(), "rb") as fh:
+        with open(ARTEFACT, "rb") as fh:
             spec = json.loads(fh.read())
         if not (isinstance(spec, dict) and spec.get("version") == SPEC_VERSION):
             return None
-        typer_file = spec.get("typer") or [""]
-        return spec if _stat(typer_file[0]) == typer_file else None
+        return spec if spec.get("source") == source_hash() else None
     except (OSError, ValueError, TypeError, RecursionError):
         return None
 
@@ -82,7 +82,7 @@ def compile_spec(app) -> dict:
             out[key] = {"function": fns[key].__name__, "params": [_param(p, enums) for p in cmd.params]}
 
     walk(group, ())
-    return {"version": SPEC_VERSION, "typer": _stat(typer.__file__), "commands": out}
+    return {"version": SPEC_VERSION, "source": source_hash(), "commands": out}
 
 
 _KINDS = {"StringParamType": "str", "IntParamType": "int", "FloatParamType": "float", "BoolParamType": "bool"}
@@ -130,18 +130,7 @@ def _jsonable(v):
 
 
 def run_typer(app, args: list[str]) -> None:
-    """The typer path; on the way, compile the spec for later runs when it is missing."""
-    try:
-        path = _cache_path()
-        if not os.path.exists(path):
-            text = json.dumps(compile_spec(app))
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as fh:
-                fh.write(text)
-            os.replace(tmp, path)
-    except Exception:  # noqa: BLE001 -- a read-only home, or a typer this code does not know:
-        pass           # typer parses every time, as before (the spec is only a shortcut)
+    """The typer path (help, errors, anything the spec does not cover)."""
     app.build()(args=args, prog_name="ckptdoctor", standalone_mode=True)
 
 

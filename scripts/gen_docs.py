@@ -9,6 +9,7 @@ would silently drop every option).
 """
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -156,7 +157,39 @@ def generate() -> dict[str, str]:
                          ("fish", "completions/ckptdoctor.fish")):
         files[fname] = get_completion_script(prog_name="ckptdoctor", complete_var="_CKPTDOCTOR_COMPLETE",
                                              shell=shell).rstrip() + "\n"
+    # what start-up reads instead of typer and the YAML parser (shipped in the package; issue 38)
+    from ckptdoctor import fastcli
+    from ckptdoctor.engine import yamlcache
+    files["ckptdoctor/_cli_spec.json"] = json.dumps(fastcli.compile_spec(app), sort_keys=True,
+                                                    separators=(",", ":")) + "\n"
+    files["ckptdoctor/_compiled_rules.json"] = yamlcache.compile_all(ROOT / "rules")
+    files["ckptdoctor/_values_code.py"] = values_code()
     return files
+
+
+VALUES_PROBE = """
+import importlib, pkgutil, sys
+for opt in ("torch", "numpy", "isal", "s3fs", "gcsfs", "paramiko", "jax", "deepspeed", "transformers"):
+    sys.modules[opt] = None   # the same classes whatever optional library this environment has
+import ckptdoctor
+from ckptdoctor import values
+for m in sorted(pkgutil.walk_packages(ckptdoctor.__path__, "ckptdoctor."), key=lambda m: m.name):
+    if not m.name.endswith(("__main__", "_values_code")):
+        try:
+            importlib.import_module(m.name)
+        except ImportError:
+            pass
+sys.stdout.write(values.shipped_module(values.SEEN))
+"""
+
+
+def values_code() -> str:
+    """Every value class's generated methods: a fresh interpreter imports every module of the package
+    (with the optional libraries blocked, so every environment generates the same), then ships what
+    values.py generated."""
+    import subprocess
+    return subprocess.run([sys.executable, "-c", VALUES_PROBE], capture_output=True, text=True, check=True,
+                          cwd=ROOT).stdout
 
 
 def main(argv) -> int:

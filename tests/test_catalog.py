@@ -1,6 +1,9 @@
 """The catalog (rules/*.yaml) and the registry (check functions) must match exactly, and every
 rule must have a test that makes it fire."""
+import json
 from pathlib import Path
+
+import pytest
 
 from ckptdoctor.engine.catalog import catalog
 from ckptdoctor.engine.registry import load_all
@@ -62,34 +65,42 @@ def test_family_step_names_and_trackers_round_trip():
                 assert trackers.parse(l, text).target == name, (l.name, text)
 
 
-def test_compiled_yaml_cache_follows_the_yaml(tmp_path, monkeypatch):
-    """Start-up reads shipped YAML from a JSON cache keyed by each file's name, size, inode and ctime: an edit is seen at
-    once, a damaged cache is rebuilt, an unwritable cache directory only costs time."""
+def test_the_compiled_yaml_artefact_follows_the_yaml(tmp_path, monkeypatch):
+    """Start-up reads the shipped YAML from the JSON compiled at build time, checked against each file's
+    size: a file edited (or added) since is parsed instead, a damaged or missing artefact only costs
+    time, and nothing is written anywhere."""
     from ckptdoctor.engine import yamlcache
     root = tmp_path / "rules"
     root.mkdir()
     (root / "a.yaml").write_text("x: 1\nlist: [a, b]\n")
-    monkeypatch.setenv("CKPTDOCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    art = tmp_path / "compiled.json"
+    art.write_text(yamlcache.compile_all(root))
+    monkeypatch.setattr(yamlcache, "ARTEFACT", art)
     monkeypatch.setattr(yamlcache, "_DOCS", {})
-    assert yamlcache.docs(root) == {"a.yaml": {"x": 1, "list": ["a", "b"]}}
-    (cache,) = (tmp_path / "cache").iterdir()
-    (root / "a.yaml").write_text("x: 2\n")
+    import ckptdoctor.engine.catalog as catalog
+    parsed = []
+    monkeypatch.setattr(catalog, "parse_yaml", lambda data, real=catalog.parse_yaml: (parsed.append(1), real(data))[1])
+    assert yamlcache.docs(root) == {"a.yaml": {"x": 1, "list": ["a", "b"]}} and not parsed   # from the artefact
+    (root / "a.yaml").write_text("x: 22\n")
     monkeypatch.setattr(yamlcache, "_DOCS", {})
-    assert yamlcache.docs(root) == {"a.yaml": {"x": 2}}
-    assert len(list((tmp_path / "cache").iterdir())) == 2
-    new = max((tmp_path / "cache").iterdir(), key=lambda p: p.stat().st_mtime_ns)
-    new.write_text("{damaged")
+    assert yamlcache.docs(root) == {"a.yaml": {"x": 22}} and parsed                         # edited: parsed
+    art.write_text("{damaged")
     monkeypatch.setattr(yamlcache, "_DOCS", {})
-    assert yamlcache.docs(root) == {"a.yaml": {"x": 2}}
-    monkeypatch.setenv("CKPTDOCTOR_CACHE_DIR", "/proc/no-such-dir/cache")
-    monkeypatch.setattr(yamlcache, "_DOCS", {})
-    assert yamlcache.docs(root) == {"a.yaml": {"x": 2}}
-    (root / "b.yaml").write_text("2024-01-01: date key\n")  # not JSON-exact: parsed, not cached
-    monkeypatch.setenv("CKPTDOCTOR_CACHE_DIR", str(tmp_path / "cache2"))
-    monkeypatch.setattr(yamlcache, "_DOCS", {})
-    import datetime
-    assert yamlcache.docs(root)["b.yaml"] == {datetime.date(2024, 1, 1): "date key"}
-    assert not (tmp_path / "cache2").exists()
+    assert yamlcache.docs(root) == {"a.yaml": {"x": 22}}
+    (root / "b.yaml").write_text("2024-01-01: date key\n")  # not JSON-exact: refused at build time
+    with pytest.raises(ValueError):
+        yamlcache.compile_all(root)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["compiled.json", "rules"]
+
+
+def test_the_shipped_artefacts_are_what_start_up_uses():
+    """The package's own artefacts match the shipped YAML and CLI (tests/test_docs.py checks they are
+    current); a plain command uses them: neither typer nor the YAML parser is imported."""
+    from ckptdoctor import fastcli
+    from ckptdoctor.engine import catalog, yamlcache
+    got = json.loads(open(yamlcache.ARTEFACT).read())
+    assert got["sizes"] == dict(yamlcache._signature(catalog.data_dir()))
+    assert json.loads(open(fastcli.ARTEFACT).read())["source"] == fastcli.source_hash()
 
 
 def test_glob_matcher_is_fnmatchcase():

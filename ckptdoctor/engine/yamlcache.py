@@ -1,11 +1,12 @@
-"""A compiled cache of the shipped YAML (rules, layouts, profiles), so a command starts without
-importing and running the YAML parser (issue 20: start-up).  The YAML stays the source of truth:
-the cache is keyed by every shipped YAML file's name, size, inode and change time (ctime: every
-write moves it and no tool can set it back, so an edit, a checkout or a reinstall is seen at once),
-rebuilt on the first run after any change, and skipped whenever it cannot be written or read.
-Keying by stat, not by the bytes, is what makes the cache pay: reading and hashing the ~110 files
-took 12 ms of a ~60 ms start, the stats take under 1 ms.  Only documents that survive a JSON round
-trip unchanged are cached (a YAML-only type would not)."""
+"""The shipped YAML (rules, layouts, profiles) compiled to JSON at build time, so a command starts
+without importing and running the YAML parser (issue 20: start-up; issue 38: no runtime caches).
+
+`scripts/gen_docs.py` writes `ckptdoctor/_compiled_rules.json` from rules/: every document, with each
+file's size.  At run time one walk of the rules directory (a stat per file, under 1 ms) compares the
+sizes: when they match, the compiled documents are used; when not (a YAML file edited in a checkout
+without regenerating, which tests/test_docs.py also fails on), the YAML is parsed, as without an
+artefact.  Nothing is written at run time, anywhere: the user's home is never touched (a cache keyed
+by stat there went stale and grew by a file per checkout; a Prolog's home may be read-only)."""
 from __future__ import annotations
 
 import json
@@ -16,14 +17,11 @@ _DOCS: dict[str, dict[str, object]] = {}   # root -> its documents, once per pro
 MISSING = object()
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("CKPTDOCTOR_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "ckptdoctor")
-    return Path(base)
+ARTEFACT = Path(__file__).resolve().parent.parent / "_compiled_rules.json"
 
 
-def _signature(root: Path) -> list[tuple[str, int, int, int]]:
-    """(relative path, size, inode, ctime_ns) of every YAML file under root, sorted."""
+def _signature(root: Path) -> list[tuple[str, int]]:
+    """(relative path, size) of every YAML file under root, sorted."""
     out = []
     stack = [("", str(root))]
     while stack:
@@ -34,8 +32,7 @@ def _signature(root: Path) -> list[tuple[str, int, int, int]]:
                 if e.is_dir(follow_symlinks=False):
                     stack.append((r + "/", e.path))
                 elif e.name.endswith((".yaml", ".yml")):
-                    st = e.stat()
-                    out.append((r, st.st_size, st.st_ino, st.st_ctime_ns))
+                    out.append((r, e.stat().st_size))
     out.sort()
     return out
 
@@ -50,28 +47,31 @@ def docs(root: Path) -> dict[str, object]:
     key = str(root)
     if key in _DOCS:
         return _DOCS[key]
-    import xxhash
     sig = _signature(root)
-    h = xxhash.xxh3_128(repr((str(root), sig)).encode())
-    cache = _cache_dir() / f"yaml-{h.hexdigest()}.json"
     try:
-        with open(cache, "rb") as fh:
+        with open(ARTEFACT, "rb") as fh:
             got = json.loads(fh.read())
-        if isinstance(got, dict) and set(got) == {s[0] for s in sig}:
-            _DOCS[key] = got
-            return got
-    except (OSError, ValueError, RecursionError):
-        pass  # absent, unreadable or damaged: parse the YAML and write it again
+        if isinstance(got, dict) and got.get("sizes") == {r: n for r, n in sig}:
+            _DOCS[key] = got["docs"]
+            return got["docs"]
+    except (OSError, ValueError, RecursionError, AttributeError):
+        pass  # absent (a checkout before its first gen_docs) or damaged: parse the YAML
     from .catalog import parse_yaml as parse
     parsed = {s[0]: parse(_read(root, s[0])) for s in sig}
     _DOCS[key] = parsed
-    try:
-        text = json.dumps(parsed)
-        if json.loads(text) == parsed:  # only what JSON carries exactly
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-            tmp.write_text(text)
-            os.replace(tmp, cache)
-    except (OSError, TypeError, ValueError):
-        pass  # a read-only home: parse every time, as before
     return parsed
+
+
+def compile_all(root: Path) -> str:
+    """The artefact's text (scripts/gen_docs.py): every YAML document under root and each file's size.
+    A document JSON cannot carry exactly (a YAML-only type) is an error here, at build time."""
+    from .catalog import parse_yaml as parse
+    sig = _signature(root)
+    docs = {r: parse(_read(root, r)) for r, _ in sig}
+    try:
+        text = json.dumps({"sizes": {r: n for r, n in sig}, "docs": docs}, sort_keys=True, separators=(",", ":"))
+    except TypeError as exc:
+        raise ValueError(f"a shipped YAML document does not survive JSON: {exc}") from None
+    if json.loads(text)["docs"] != docs:
+        raise ValueError("a shipped YAML document does not survive JSON exactly")
+    return text + "\n"
