@@ -332,14 +332,19 @@ MUTANTS = [
     M("forensics-blames-collateral", "ckptdoctor/forensics/analyse.py",
       'causes = [e for e in a.events if e.kind == "cause" and not e.handled and _related(e)]',
       'causes = [e for e in a.events if e.kind != "exit" and not e.handled and _related(e)]',
-      ("tests/test_forensics.py",), "forensics blames a rank that only timed out or lost its peer"),
+      ("tests/test_forensics.py::test_forensics_names_the_true_first_cause_rank_file_and_class",
+       "tests/test_forensics.py::test_collective_timeouts_alone_are_never_called_the_cause"),
+      "forensics blames a rank that only timed out or lost its peer"),
     M("forensics-survived-traceback-blamed", "ckptdoctor/forensics/analyse.py",
       "                if not ev.prefixed:\n                    ev.handled = True",
       "                if False:\n                    ev.handled = True",
-      ("tests/test_forensics.py",), "a traceback the process logged and survived is called the failure"),
+      ("tests/test_forensics.py::test_a_logged_traceback_without_the_rank_prefix_is_not_the_failure_even_as_the_last_word",
+       "tests/test_forensics.py::test_a_survived_traceback_is_evidence_not_the_failure"),
+      "a traceback the process logged and survived is called the failure"),
     M("torch-loader-installed-ignored", "ckptdoctor/checks/verify_dcp.py",
       "    loader = given or torchver.installed()", "    loader = given",
-      ("tests/test_conformance.py",), "verify ignores the torch installed beside it when no --loader-torch is given"),
+      ("tests/test_conformance.py::test_the_installed_torch_is_the_default_loader",),
+      "verify ignores the torch installed beside it when no --loader-torch is given"),
 ]
 
 
