@@ -53,3 +53,22 @@ def copy_and_apply(src: str, dst: str, ops: list) -> str:
     shutil.copytree(src, dst, symlinks=True)
     apply(dst, ops)
     return dst
+
+
+def run_worker(script: str, mode: str, root: str, env: dict, timeout: float = 600) -> dict:
+    """`script --worker MODE --root ROOT --result FILE` in a fresh process (one-process generators):
+    the JSON it wrote, or {"raised": ...} when the process died before writing one."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    with tempfile.TemporaryDirectory() as t:
+        res = os.path.join(t, "r.json")
+        subprocess.run([sys.executable, script, "--worker", mode, "--root", root, "--result", res],
+                       env=dict(os.environ, **env), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=timeout)
+        try:
+            with open(res) as fh:
+                return json.load(fh)
+        except (OSError, ValueError):
+            return {"raised": "no result (the process died)"}

@@ -148,7 +148,8 @@ def make(py: str, case: dict, where: str, fixtures: str) -> None:
         n = 64 * 1024 * 1024 if case["make"] == "pt-big" else 64 * 1024
         torch.save({"w": torch.arange(n, dtype=torch.float32)}, os.path.join(run, "model.pt"))
     elif case["make"] == "ds":
-        shutil.copytree(os.path.join(fixtures, "..", "deepspeed", "zero2"), run)
+        shutil.copytree(os.path.join(fixtures, "..", "deepspeed", "zero2"), run,
+                        ignore=shutil.ignore_patterns("zero_to_*.py"))   # DeepSpeed's helper scripts: not read
     elif case["make"] == "megatron":
         shutil.copytree(os.path.join(fixtures, "..", "megatron-core", "torch_dist"), run)
     elif case["make"] == "trainer":

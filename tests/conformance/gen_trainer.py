@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -93,16 +92,7 @@ def worker(mode: str, root: str, result: str) -> None:
 
 
 def run(mode: str, root: str) -> dict:
-    with tempfile.TemporaryDirectory() as t:
-        res = os.path.join(t, "r.json")
-        subprocess.run([sys.executable, __file__, "--worker", mode, "--root", root, "--result", res],
-                       env=dict(os.environ, CUDA_VISIBLE_DEVICES="", TRANSFORMERS_VERBOSITY="info"),
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
-        try:
-            with open(res) as fh:
-                return json.load(fh)
-        except (OSError, ValueError):
-            return {"raised": "no result (the process died)"}
+    return damage.run_worker(__file__, mode, root, {"CUDA_VISIBLE_DEVICES": "", "TRANSFORMERS_VERBOSITY": "info"})
 
 
 def label(seen: dict, want_step: int) -> tuple[str, list]:
