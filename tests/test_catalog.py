@@ -159,3 +159,15 @@ def test_every_curated_mutant_still_finds_its_line_once():
     stale = [(m.id, (root / m.file).read_text().count(m.old)) for m in mc.MUTANTS
              if (root / m.file).read_text().count(m.old) != 1]
     assert mc.MUTANTS and not stale, f"mutants whose anchor text is not found exactly once: {stale}"
+
+
+def test_a_rule_whose_fix_is_to_resume_elsewhere_names_the_command_that_does_it():
+    """From a rule's documentation to the fixing command without the README: every error or warning
+    whose fix is to resume from another checkpoint names `ckptdoctor verify --fix` (which repoints the
+    tracker, with --dry-run to preview)."""
+    import re
+    says = re.compile(r"resume from (?:an older|an earlier|a complete|the newest complete|another tag|an older "
+                      r"iteration|an older one)", re.I)
+    missing = [r.id for r in catalog().values() if r.severity in ("error", "warning") and says.search(r.fix)
+               and "ckptdoctor verify --fix" not in r.fix]
+    assert not missing, missing

@@ -117,6 +117,9 @@ def test_trainer_written_checkpoint_damage(wild):
 
 # ---- Orbax (orbax-checkpoint + jax on CPU; outputs and the real restore's verdicts by make_orbax.py) ----
 ORBAX_RESTORE = json.loads((WILD / "orbax" / "restore.json").read_text())
+# make_orbax.py restores with explicit args; tests/conformance/gen_orbax.py measured that without args these
+# two damages fail the restore (tests/fixtures/real/orbax/outcomes.json: loads-with-args)
+NO_ARGS_FAILS = {"no-checkpoint-metadata", "no-item-metadata"}
 
 
 @pytest.mark.parametrize("damage", sorted(ORBAX_RESTORE))
@@ -132,7 +135,10 @@ def test_orbax_verdict_matches_the_real_restore(wild, damage):
     DAMAGES[damage](str(run / "20"))
     rep = api.verify(str(run))
     want = ORBAX_RESTORE[damage]
-    if want["restored"]:
+    if damage in NO_ARGS_FAILS:   # restores with explicit args (here), fails without (gen_orbax.py): a warning
+        assert not [f for f in rep.findings if f.severity == "error"], loud(rep)
+        assert [f for f in loud(rep) if f[1] == "warning" and want["file"].split("/", 1)[1] in f[2]], loud(rep)
+    elif want["restored"]:
         assert not loud(rep), loud(rep)
     else:
         errs = [f for f in rep.findings if f.severity == "error"]

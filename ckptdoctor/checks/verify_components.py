@@ -17,6 +17,11 @@ def required_component_missing(ck, eng):
         if not any(match_any(n, (req,)) for n in names):
             yield Hit(ck.path(req), f"{req} is missing ({lay.title})", details={"file": req},
                       hint=_why_required(lay.name, req))
+    for w in lay.extra.get("warn_missing", ()):   # needed by one way of resuming, not by another: a warning
+        if w["file"] not in names:
+            yield Hit(ck.path(w["file"]), f"{w['file']} is missing ({lay.title}): {w['why']}",
+                      details={"file": w["file"]}, severity="warning",
+                      hint="restore it from the source copy; a resume that passes explicit restore args still works")
     for cond in lay.extra.get("required_when", ()):   # required because the save recorded it
         f = cond["file"]
         if f not in names and _recorded(ck, cond["recorded_in"], cond["key"]):
@@ -126,9 +131,6 @@ def _why_required(layout: str, name: str) -> str:
     return {("verl", "data.pt"): "without it verl restarts the dataloader from sample 0 while the step "
                                  "resumes (prompts repeat); rotation deleting actor/ leaves such dirs too",
             ("hf-trainer", "trainer_state.json"): "Trainer cannot restore global_step or the RNG/LR state",
-            ("orbax", "_CHECKPOINT_METADATA"): "it records the item handlers: CheckpointManager still lists the step "
-                                               "as latest, and restore(step) raises ValueError (orbax-checkpoint "
-                                               "0.12.8, measured); copy it from the source",
             }.get((layout, name), "the framework cannot resume without it")
 
 
@@ -390,9 +392,11 @@ def orbax_item_damaged(ck, eng):
             continue
         tree = spec.get("tree_metadata")
         if tree and not (entries.get(tree) and entries[tree].is_file):
-            yield Hit(ck.path(f"{item}/{tree}"), f"{item}/{tree} is missing: the PyTree restore of {item!r} reads the "
-                      f"item's tree from it and raises FileNotFoundError (orbax-checkpoint 0.12.8, measured)",
-                      details={"item": item, "file": f"{item}/{tree}", "problem": "missing"})
+            yield Hit(ck.path(f"{item}/{tree}"), f"{item}/{tree} is missing: restore(step) with no args reads "
+                      f"{item!r}'s tree from it and raises FileNotFoundError; restore(step, args=StandardRestore(...)) "
+                      f"restores (orbax-checkpoint 0.12.8, measured)",
+                      details={"item": item, "file": f"{item}/{tree}", "problem": "missing"}, severity="warning",
+                      hint="restore it from the source copy; a resume that passes explicit restore args still works")
         named = [spec["manifest"]]
         if nodes_dir and nodes_dir.is_dir:
             try:

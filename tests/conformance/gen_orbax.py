@@ -5,11 +5,14 @@
 Needs orbax-checkpoint and jax (the `conformance` extra; CPU is enough).  A CheckpointManager saves a
 small pytree (StandardSave) at steps 1 and 2 of a run root; then for every case of the damage matrix
 (tests/conformance/damage.py) a copy of the root is damaged and a fresh process builds a manager on it,
-asks `latest_step()` and restores that step the way a training script resumes (`restore(step)`, no
-arguments: the item handlers recorded in the step's _CHECKPOINT_METADATA say how):
+asks `latest_step()` and restores that step both ways a training script resumes: `restore(step)` with
+no arguments (the item handlers recorded in the step's _CHECKPOINT_METADATA say how), and, in another
+fresh manager, `restore(step, args=StandardRestore(abstract_tree))`:
 
-  loads               the latest step is 2 and the restored tree equals what was saved at 2
-  raises              latest_step() or restore raised (type and text recorded)
+  loads               both ways: the latest step is 2 and the restored tree equals what was saved at 2
+  loads-with-args     only with explicit args (the no-argument restore raised): a script that passes
+                      args resumes, one that relies on the recorded handlers fails
+  raises              both ways raised (type and text recorded)
   wrong-state         it restored another step's tree, or a tree that differs
 """
 from __future__ import annotations
@@ -62,6 +65,16 @@ def worker(mode: str, root: str, result: str) -> None:
         mgr.close()
     except BaseException as exc:  # noqa: BLE001 - what the real restore raised is the label
         seen["raised"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    if mode != "save":
+        try:
+            mgr = ocp.CheckpointManager(root)
+            abstract = {"w": np.zeros((4, 3), dtype=np.float32), "step": np.zeros((), dtype=np.int32)}
+            got = mgr.restore(mgr.latest_step(), args=ocp.args.StandardRestore(abstract))
+            seen["with_args"] = {"latest": mgr.latest_step(), "w": float(np.asarray(got["w"]).mean()),
+                                 "step": int(np.asarray(got["step"]))}
+            mgr.close()
+        except BaseException as exc:  # noqa: BLE001
+            seen["with_args"] = {"raised": f"{type(exc).__name__}: {str(exc)[:300]}"}
     with open(result, "w") as fh:
         json.dump(seen, fh)
 
@@ -72,7 +85,10 @@ def run(mode: str, root: str) -> dict:
 
 def label(seen: dict) -> tuple[str, list]:
     if "raised" in seen:
-        return "raises", [seen["raised"]]
+        wa = seen.get("with_args") or {}
+        if "raised" not in wa and wa.get("latest") == 2 and wa.get("step") == 2 and wa.get("w") == 2.0:
+            return "loads-with-args", [f"restore(step) without args: {seen['raised']}"]
+        return "raises", [seen["raised"], f"with args: {wa.get('raised', wa)}"]
     if seen.get("latest") != 2 or seen.get("step") != 2 or seen.get("w") != 2.0:
         return "wrong-state", [f"latest {seen.get('latest')}, restored step {seen.get('step')}, w {seen.get('w')}"]
     return "loads", []
