@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 SPEC_VERSION = 2  # 2: a parameter typed with an Enum names it ("enum"), so parsing needs no typing
 

@@ -21,7 +21,7 @@ launcher, and DCP copies every failed rank's traceback into every rank's Checkpo
    are one failure with the ranks that raised it; the first failure is the earliest by time when
    every candidate has a time, else the first in log order.
 
-Memory is bounded: per stream only the traceback being read (its last frames), per rank the last
+Memory is bounded: per stream only the state of the traceback being read, per rank the last
 checkpoint path mentioned, and at most MAX_EVENTS distinct failures.
 """
 from __future__ import annotations
@@ -31,7 +31,6 @@ import errno as _errno
 import functools
 import os
 import re
-from collections import deque
 
 from ..values import field, value
 from . import logs as L
@@ -144,11 +143,10 @@ def _path_in(text: str) -> str | None:
 
 class _Stream:
     """One writer's traceback being read."""
-    __slots__ = ("state", "frames", "ckpt", "sub_rank", "cke", "chain_next", "last_exc", "pending")
+    __slots__ = ("state", "ckpt", "sub_rank", "cke", "chain_next", "last_exc", "pending")
 
     def __init__(self):
         self.state = None          # None | "frames" | "cke"
-        self.frames = deque(maxlen=6)
         self.ckpt = False
         self.sub_rank = None       # inside a CheckpointException: the (RANK N) being read
         self.cke = None            # the CheckpointException event whose per-rank causes follow
@@ -162,7 +160,6 @@ class Analysis:
     logs: list[str]
     lines: int = 0
     events: list[Event] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
     first: dict | None = None
     failed_after: list[int] = field(default_factory=list)
     other: list[dict] = field(default_factory=list)
@@ -178,7 +175,6 @@ def analyse(paths: list[str]) -> Analysis:
     for li, path in enumerate(paths):
         file_rank = L.rank_of_file(path)
         streams: dict = {}
-        last_time: dict = {}
         mention: dict = {}
         prefixed = False
         summary: dict = {}
@@ -227,8 +223,6 @@ def analyse(paths: list[str]) -> Analysis:
             rank = prank if prank is not None else task if task is not None else file_rank
             prefixed = prefixed or prank is not None
             key = (prank, task)
-            if raw is not None:
-                last_time[None] = raw
             st = streams.get(key)
             if st is None:
                 st = streams[key] = _Stream()
@@ -252,7 +246,6 @@ def analyse(paths: list[str]) -> Analysis:
                 elif st.state == "cke":
                     st.cke, st.sub_rank = None, None
                 st.state, st.ckpt = "frames", False
-                st.frames.clear()
                 continue
             if text in _CHAINED:
                 st.chain_next = True
@@ -261,7 +254,6 @@ def analyse(paths: list[str]) -> Analysis:
                 if text.startswith(" ") or not text.strip():
                     if text.startswith("  File ") and _CKPT_FRAME.search(text):
                         st.ckpt = True
-                    st.frames.append(text)
                     continue
                 em = _EXC.match(text)
                 if not em:      # not an exception line after all: the traceback ended unreadably
@@ -340,7 +332,6 @@ def analyse(paths: list[str]) -> Analysis:
             for ev in file_events:
                 if not ev.prefixed:
                     ev.handled = True
-        a.timestamps = a.timestamps and bool(last_time)
     for pid, ev in oom_pids:   # the kernel names a pid; torchrun's summary says whose it was
         if ev.rank is None and pid in pid_rank:
             ev.rank = pid_rank[pid]

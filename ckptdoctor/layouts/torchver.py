@@ -30,6 +30,7 @@ def needed(globals_seen) -> tuple[str | None, list[str]]:
     return top, sorted(h["global"] for h in hits if vtuple(h["since"]) == vtuple(top))
 
 
+@functools.lru_cache(maxsize=1)
 def installed() -> str | None:
     """The torch installed beside ckptdoctor, from its `torch/version.py` (found, never imported:
     importing torch takes a second; importlib.metadata alone took 36 ms of a 270 ms verify)."""
