@@ -431,6 +431,24 @@ def f_346acb6c(_Frozen, _cls, _d_help, _d_minimum, _names, _set):
       super(_cls, self).__delattr__(name)
     return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__, '__hash__': __hash__, '__setattr__': __setattr__, '__delattr__': __delattr__}
 
+def f_35870a2f(_MISSING, _d_first, _d_lines, _d_timestamps, _f_events, _f_failed_after, _f_other):
+    "def __init__(self, logs, lines=_d_lines, events=_MISSING, first=_d_first, failed_after=_MISSING, other=_MISSING, timestamps=_d_timestamps):\n  self.logs = logs\n  self.lines = lines\n  self.events = _f_events() if events is _MISSING else events\n  self.first = first\n  self.failed_after = _f_failed_after() if failed_after is _MISSING else failed_after\n  self.other = _f_other() if other is _MISSING else other\n  self.timestamps = timestamps\ndef __repr__(self):\n  return self.__class__.__qualname__ + f'(logs={self.logs!r}, lines={self.lines!r}, events={self.events!r}, first={self.first!r}, failed_after={self.failed_after!r}, other={self.other!r}, timestamps={self.timestamps!r})'\ndef __eq__(self, other):\n  if other.__class__ is self.__class__:\n    return (self.logs,self.lines,self.events,self.first,self.failed_after,self.other,self.timestamps,) == (other.logs,other.lines,other.events,other.first,other.failed_after,other.other,other.timestamps,)\n  return NotImplemented"
+    def __init__(self, logs, lines=_d_lines, events=_MISSING, first=_d_first, failed_after=_MISSING, other=_MISSING, timestamps=_d_timestamps):
+      self.logs = logs
+      self.lines = lines
+      self.events = _f_events() if events is _MISSING else events
+      self.first = first
+      self.failed_after = _f_failed_after() if failed_after is _MISSING else failed_after
+      self.other = _f_other() if other is _MISSING else other
+      self.timestamps = timestamps
+    def __repr__(self):
+      return self.__class__.__qualname__ + f'(logs={self.logs!r}, lines={self.lines!r}, events={self.events!r}, first={self.first!r}, failed_after={self.failed_after!r}, other={self.other!r}, timestamps={self.timestamps!r})'
+    def __eq__(self, other):
+      if other.__class__ is self.__class__:
+        return (self.logs,self.lines,self.events,self.first,self.failed_after,self.other,self.timestamps,) == (other.logs,other.lines,other.events,other.first,other.failed_after,other.other,other.timestamps,)
+      return NotImplemented
+    return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__}
+
 def f_37cf2e51(_MISSING, _d_reason, _d_tracker, _f_quarantine):
     "def __init__(self, to, tracker=_d_tracker, quarantine=_MISSING, reason=_d_reason):\n  self.to = to\n  self.tracker = tracker\n  self.quarantine = _f_quarantine() if quarantine is _MISSING else quarantine\n  self.reason = reason\ndef __repr__(self):\n  return self.__class__.__qualname__ + f'(to={self.to!r}, tracker={self.tracker!r}, quarantine={self.quarantine!r}, reason={self.reason!r})'\ndef __eq__(self, other):\n  if other.__class__ is self.__class__:\n    return (self.to,self.tracker,self.quarantine,self.reason,) == (other.to,other.tracker,other.quarantine,other.reason,)\n  return NotImplemented"
     def __init__(self, to, tracker=_d_tracker, quarantine=_MISSING, reason=_d_reason):
@@ -1122,25 +1140,6 @@ def f_a215eff3(_Frozen, _cls, _names, _set):
         raise _Frozen(f'cannot delete field {name!r}')
       super(_cls, self).__delattr__(name)
     return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__, '__hash__': __hash__, '__setattr__': __setattr__, '__delattr__': __delattr__}
-
-def f_a58e99dd(_MISSING, _d_first, _d_lines, _d_timestamps, _f_events, _f_failed_after, _f_notes, _f_other):
-    "def __init__(self, logs, lines=_d_lines, events=_MISSING, notes=_MISSING, first=_d_first, failed_after=_MISSING, other=_MISSING, timestamps=_d_timestamps):\n  self.logs = logs\n  self.lines = lines\n  self.events = _f_events() if events is _MISSING else events\n  self.notes = _f_notes() if notes is _MISSING else notes\n  self.first = first\n  self.failed_after = _f_failed_after() if failed_after is _MISSING else failed_after\n  self.other = _f_other() if other is _MISSING else other\n  self.timestamps = timestamps\ndef __repr__(self):\n  return self.__class__.__qualname__ + f'(logs={self.logs!r}, lines={self.lines!r}, events={self.events!r}, notes={self.notes!r}, first={self.first!r}, failed_after={self.failed_after!r}, other={self.other!r}, timestamps={self.timestamps!r})'\ndef __eq__(self, other):\n  if other.__class__ is self.__class__:\n    return (self.logs,self.lines,self.events,self.notes,self.first,self.failed_after,self.other,self.timestamps,) == (other.logs,other.lines,other.events,other.notes,other.first,other.failed_after,other.other,other.timestamps,)\n  return NotImplemented"
-    def __init__(self, logs, lines=_d_lines, events=_MISSING, notes=_MISSING, first=_d_first, failed_after=_MISSING, other=_MISSING, timestamps=_d_timestamps):
-      self.logs = logs
-      self.lines = lines
-      self.events = _f_events() if events is _MISSING else events
-      self.notes = _f_notes() if notes is _MISSING else notes
-      self.first = first
-      self.failed_after = _f_failed_after() if failed_after is _MISSING else failed_after
-      self.other = _f_other() if other is _MISSING else other
-      self.timestamps = timestamps
-    def __repr__(self):
-      return self.__class__.__qualname__ + f'(logs={self.logs!r}, lines={self.lines!r}, events={self.events!r}, notes={self.notes!r}, first={self.first!r}, failed_after={self.failed_after!r}, other={self.other!r}, timestamps={self.timestamps!r})'
-    def __eq__(self, other):
-      if other.__class__ is self.__class__:
-        return (self.logs,self.lines,self.events,self.notes,self.first,self.failed_after,self.other,self.timestamps,) == (other.logs,other.lines,other.events,other.notes,other.first,other.failed_after,other.other,other.timestamps,)
-      return NotImplemented
-    return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__}
 
 def f_a8e8f9d3(_MISSING, _f_cnt):
     "def __init__(self, rs, n, lookahead, t, c, a, cnt=_MISSING):\n  self.rs = rs\n  self.n = n\n  self.lookahead = lookahead\n  self.t = t\n  self.c = c\n  self.a = a\n  self.cnt = _f_cnt() if cnt is _MISSING else cnt\ndef __repr__(self):\n  return self.__class__.__qualname__ + f'(rs={self.rs!r}, n={self.n!r}, lookahead={self.lookahead!r}, t={self.t!r}, c={self.c!r}, a={self.a!r}, cnt={self.cnt!r})'\ndef __eq__(self, other):\n  if other.__class__ is self.__class__:\n    return (self.rs,self.n,self.lookahead,self.t,self.c,self.a,self.cnt,) == (other.rs,other.n,other.lookahead,other.t,other.c,other.a,other.cnt,)\n  return NotImplemented"

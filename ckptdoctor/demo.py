@@ -122,6 +122,7 @@ def run_demo(directory: str | None, fmt: str = "text") -> int:
     caught = _preflight_scene(root, fmt, out) and caught
     caught = _doctor_scene(run, fmt, out) and caught
     caught = _contract_scene(root, run, fmt, out) and caught
+    caught = _forensics_scene(root, run, fmt, out) and caught
     return 0 if caught else 1  # the demo succeeds when the doctor catches every injected fault
 
 
@@ -308,3 +309,38 @@ def _contract_scene(root: str, run: str, fmt: str, out) -> bool:
     cflow.check(run, eng, 1000)
     render(eng.report, fmt, out)
     return "CKD513" in eng.report.rules()
+
+
+def _forensics_scene(root: str, run: str, fmt: str, out) -> bool:
+    """Forensics: the log of the relaunch that loaded iter_0000300 before the fix (its lines in the shape
+    torch 2.13 prints them, as tests/fixtures/real/forensics/dcp-shard-truncated recorded them): rank 1 was only
+    stopped by the launcher; the first failure and the damaged file are named."""
+    from .api import make_engine
+    from .commands import forensics as fflow
+    from .report import render
+    ck = os.path.join(run, "iter_0000300")
+    tb = ["Traceback (most recent call last):",
+          '  File "torch/distributed/checkpoint/state_dict_loader.py", line 314, in _load_state_dict']
+    lines = [f"2026-12-03 12:01:07.{r}00 rank{r} INFO loading checkpoint from {ck}" for r in range(2)]
+    for r in range(2):
+        lines += [f"[rank{r}]: {t}" for t in tb]
+        lines.append(f"[rank{r}]: torch.distributed.checkpoint.api.CheckpointException: CheckpointException "
+                     f"ranks:dict_keys([0])")
+        lines += [f"[rank{r}]: Traceback (most recent call last): (RANK 0)",
+                  f'[rank{r}]:   File "torch/distributed/checkpoint/filesystem.py", line 871, in read_data',
+                  f"[rank{r}]: EOFError", ""]
+    lines += ["Root Cause (first observed failure):", "[0]:", "  time      : 2026-12-03_12:01:08",
+              "  host      : gpu01", "  rank      : 1 (local_rank: 1)", "  exitcode  : -15 (pid: 4242)  (SIGTERM)",
+              "  error_file: <N/A>", "  traceback : Signal 15 (SIGTERM) received by PID 4242"]
+    log = os.path.join(root, "relaunch.log")
+    with open(log, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    if fmt == "text":
+        out.write(f"\n# scene 8: forensics of the relaunch that loaded iter_0000300 before the fix\n"
+                  f"$ ckptdoctor forensics {log} --run-root {run}\n")
+    eng = make_engine("forensics", log)
+    fflow.run([log], eng, run, lambda path: make_engine("verify", path))
+    render(eng.report, fmt, out)
+    ck_facts = eng.report.facts.get("checkpoint") or {}
+    return "CKD601" in eng.report.rules() and any(x["rule"] == "CKD104" for x in ck_facts.get("linked", []))
+

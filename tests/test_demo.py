@@ -12,6 +12,7 @@ def test_demo_runs_without_torch(tmp_path):
     assert "newest complete checkpoint: iter_0000100" in p.stdout
     assert "CKD151 checksum-mismatch" in p.stdout  # the content scene (verify --checksums)
     assert "CKD513 contract-recipe-changed" in p.stdout  # the run contract scene
+    assert "CKD601 first-failure" in p.stdout and "BROKEN - CKD104" in p.stdout  # the forensics scene
 
 
 def test_demo_output_is_loadable_by_torch(tmp_path):
