@@ -10,7 +10,7 @@ from collections import defaultdict
 from ..engine.finding import Hit
 from ..engine.registry import check
 from ..layouts import coverage, ptzip
-from ..io.fs import NotRegularFile, ShardReader, open_regular
+from ..io.fs import NotRegularFile, ShardReader, map_io, open_regular
 from ..layouts.dcp import SHARD_RE
 
 DEFAULT_MTIME_TOLERANCE = 2.0
@@ -94,18 +94,20 @@ def storage_by_file(ck) -> dict[str, list]:
 def slice_corrupt(ck, eng):
     """Each storage record must be one whole torch.save zip archive (local storage only)."""
     md = _md(ck)
-    if not md or not ck.storage.local:
+    if not md or not ck.storage.local or not ck.read_data:
         return
     import os
     files = ck.files
     shard = ShardReader()
-    for rel, recs in sorted(storage_by_file(ck).items()):
-        e = files.get(rel)
-        if e is None:
-            continue
+    todo = [(rel, recs) for rel, recs in sorted(storage_by_file(ck).items()) if rel in files]
+    # the opens are round trips on a networked filesystem: issued concurrently there (map_io)
+    opened = map_io(lambda job: open_regular(ck.storage.abspath(ck.relpath(job[0]))), todo, cleanup=os.close)
+    for (rel, recs), fd in zip(todo, opened):
+        e = files[rel]
         bad = []
         try:
-            fd = open_regular(ck.storage.abspath(ck.relpath(rel)))
+            if isinstance(fd, BaseException):
+                raise fd
         except NotRegularFile as exc:
             eng.emit("CKD901", Hit(ck.path(rel), f"{rel} is {exc.strerror}", details={"file": rel},
                                    hint="a shard must be a regular file; something replaced it"))

@@ -126,6 +126,9 @@ def _judge(location: str, engine: Engine, layout: str | None, target: str, allow
             rep.facts["gate"] = _gate_verdict(view.name, status)
         return rep, view
     runv: RunView = view
+    if target == "resume":   # the gate reads shard bytes only where the framework will load them
+        for ck in runv.checkpoints:                       # (--target all, --checksums, --deep read all)
+            ck.read_data = ck.name == runv.resume_target
     for ck in runv.checkpoints:
         runv.status[ck.name] = check_checkpoint(engine, ck)
     engine.run_scope("run", runv)
@@ -240,6 +243,8 @@ def _row(s: CheckpointStatus) -> dict:
            "complete": s.complete, "why": s.reasons, "unverified": s.unverified, "bytes": size,
            "age_seconds": round(age, 1) if age is not None else None, "findings": s.findings,
            "files": _count(c)}
+    if not c.read_data:
+        row["data_read"] = False   # listed and sized, its shards' bytes not read (the gate, on another checkpoint)
     md = c.__dict__["dcp"].metadata if "dcp" in c.__dict__ else None   # only what the checks already read
     if md is not None and md.globals:
         from ..layouts import torchver

@@ -127,6 +127,89 @@ class ShardReader:
         return self.buf[off:min(off + n, self.n)] if off < self.n else b""
 
 
+# Round trips on networked filesystems (issue 42).  On Lustre, GPFS or NFS one stat or open costs
+# 0.5-5 ms, so a checkpoint of 4,096 shards statted one after another takes seconds; issued
+# concurrently they take a few round trips.  On a local disk the same calls cost 2-5 us and a
+# thread pool only adds overhead (measured: 4,096 stats 9 ms serially, 41 ms through a pool), so
+# map_io times its first calls and goes concurrent only when they are slow.
+IO_THREADS_ENV = "CKPTDOCTOR_IO_THREADS"
+IO_THREADS_DEFAULT = 64     # calls in flight at once on slow storage (1: never concurrent); 64 measured
+                            # 2.8 s against 32's 3.3 s for the benchmark's 3 x 4,096 shards at 2 ms
+SLOW_CALL_S = 100e-6        # a metadata call slower than this is a round trip, not a cache hit
+PROBE_CALLS = 16            # calls timed serially before deciding (once slow storage was seen, none)
+_pool = None
+_seen_slow = False
+
+
+def io_threads() -> int:
+    raw = os.environ.get(IO_THREADS_ENV, "")
+    if raw.strip().isdigit() and raw.isascii():
+        return max(1, min(int(raw), 1024))
+    return IO_THREADS_DEFAULT
+
+
+def _executor():
+    global _pool
+    if _pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+        _pool = ThreadPoolExecutor(io_threads(), thread_name_prefix="ckd-io")
+    return _pool
+
+
+def map_io(fn, items, cleanup=None):
+    """fn(item) for each item, results in order (an exception is returned in place of its result,
+    never raised here).  The first PROBE_CALLS run serially and are timed; if they average more
+    than SLOW_CALL_S the rest run on a pool of io_threads() workers, in batches of 8 per worker
+    (so at most that many prefetched file descriptors; `cleanup(result)` releases the ones not
+    consumed when the consumer stops early)."""
+    import time
+    global _seen_slow
+    items = list(items)
+    threads = io_threads()
+    spent, i = 0.0, 0   # time inside fn only: the consumer's own work between results is not a round trip
+    while i < len(items):
+        if threads > 1 and (_seen_slow or (i == PROBE_CALLS and spent / i > SLOW_CALL_S)):
+            _seen_slow = True
+            break
+        t0 = time.perf_counter()
+        res = _call(fn, items[i])
+        spent += time.perf_counter() - t0
+        yield res
+        i += 1
+    if i >= len(items):
+        return
+    # Concurrent in batches: the pool runs a batch while this thread waits, then the consumer works
+    # through it while the pool is idle.  Interleaving the two (a sliding window) made every
+    # syscall of the consumer wait for the GIL behind 32 workers: os.close went from 2 us to 75 us,
+    # and 3 x 4,096 shards at 2 ms took 5.7 s instead of 3 s.
+    pool, batch = _executor(), 8 * threads
+    for start in range(i, len(items), batch):
+        part = items[start:start + batch]
+        step = -(-len(part) // threads)   # one task per worker: a future per call cost more than the call
+        done = [r for rs in pool.map(_calls, [fn] * threads, [part[k:k + step] for k in range(0, len(part), step)])
+                for r in rs]
+        for k, res in enumerate(done):
+            try:
+                yield res
+            except GeneratorExit:
+                if cleanup is not None:
+                    for rest in done[k + 1:]:
+                        if not isinstance(rest, BaseException):
+                            cleanup(rest)
+                raise
+
+
+def _calls(fn, items):
+    return [_call(fn, item) for item in items]
+
+
+def _call(fn, item):
+    try:
+        return fn(item)
+    except Exception as exc:   # handed to the consumer, which knows what a failure of this call means
+        return exc
+
+
 class Storage:
     """Base: paths are '/'-separated and relative to the storage root ('' is the root)."""
     display: str
@@ -169,25 +252,15 @@ class LocalStorage(Storage):
         return os.path.join(self.root, rel) if rel else self.root
 
     def listdir(self, rel: str = "") -> list[Entry]:
-        out = []
+        """One readdir, then each entry's stat (concurrent on slow storage, see map_io)."""
         with os.scandir(self.abspath(rel)) as it:
-            for de in it:
-                try:
-                    st = de.stat(follow_symlinks=True)
-                    is_link = de.is_symlink()
-                except FileNotFoundError:  # dangling symlink or vanished while listing
-                    try:
-                        st = de.stat(follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue
-                    is_link = True
-                except OSError as exc:
-                    if exc.errno == errno.ELOOP:
-                        out.append(Entry(de.name, 0, None, False, True))
-                        continue
-                    raise
-                out.append(Entry(de.name, st.st_size, st.st_mtime, stat_mod.S_ISDIR(st.st_mode), is_link,
-                                 stat_mod.S_ISREG(st.st_mode)))
+            des = list(it)
+        out = []
+        for res in map_io(_entry_of, des):
+            if isinstance(res, BaseException):
+                raise res
+            if res is not None:
+                out.append(res)
         return out
 
     def stat(self, rel: str) -> Entry | None:
@@ -213,6 +286,25 @@ class LocalStorage(Storage):
 
     def sub(self, rel: str) -> "LocalStorage":
         return LocalStorage(self.abspath(rel))
+
+
+def _entry_of(de) -> Entry | None:
+    """A listed name's entry (None: it vanished since the listing)."""
+    try:
+        st = de.stat(follow_symlinks=True)
+        is_link = de.is_symlink()
+    except FileNotFoundError:  # dangling symlink or vanished while listing
+        try:
+            st = de.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        is_link = True
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return Entry(de.name, 0, None, False, True)
+        raise
+    return Entry(de.name, st.st_size, st.st_mtime, stat_mod.S_ISDIR(st.st_mode), is_link,
+                 stat_mod.S_ISREG(st.st_mode))
 
 
 class FsspecStorage(Storage):

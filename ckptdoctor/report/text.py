@@ -97,6 +97,11 @@ def render(report, out, plain: bool | None = None) -> None:
                            f"checkpoint; `ckptdoctor verify --fix {report.target}` makes it resume from {nc} "
                            f"(--dry-run shows how)", style="yellow"))
     gate = facts.get("gate") if cmd == "verify" else None
+    unread = [r["name"] for r in rows if r.get("data_read") is False] if cmd == "verify" else []
+    if unread:
+        con.print(Text(f"not read by the gate: the shard contents of {', '.join(unread[:4])}"
+                       f"{f' and {len(unread) - 4} more' if len(unread) > 4 else ''} (listed and sized only; "
+                       f"--target all reads them)", style="dim"))
     if gate:
         con.print(Text(f"relaunch gate: {'pass' if gate['passed'] else 'FAIL'} - {gate['why']}",
                        style="bold green" if gate["passed"] else "bold red"))
