@@ -194,3 +194,120 @@ def test_the_gate_reads_the_target_shards_on_slow_storage_too(tmp_path, monkeypa
     rep = api.verify(str(root))
     hits = [f for f in rep.findings if f.rule == "CKD105"]
     assert [h.path.rsplit("/", 2)[-2:] for h in hits] == [["iter_0000300", "__33_0.distcp"]]
+
+
+# ---- CKD107 on a copy of many small files (an upload to an object store writes .metadata first) ----
+@pytest.mark.parametrize("shards, spread_s, severity", [
+    (400, 12, "warning"),   # 400 small shards uploaded over 12 s after the marker: a copy's round trips
+    (4, 12, "error"),       # 4 small shards cannot take 12 s to copy: re-saved after the commit
+])
+def test_a_copy_of_many_small_shards_is_not_called_a_resave(tmp_path, shards, spread_s, severity):
+    from ckptdoctor import api
+    d = tmp_path / "ck"
+    W.write(str(d), [W.Item("w", (shards, 1), (r, 0), (1, 1), [1.0], rank=r) for r in range(shards)])
+    m = (d / ".metadata").stat().st_mtime
+    for r in range(shards):   # uploaded in order after the marker, the last one spread_s later
+        t = m + spread_s * (r + 1) / shards
+        os.utime(d / f"__{r}_0.distcp", (t, t))
+    rep = api.verify(str(d))
+    hits = [f for f in rep.findings if f.rule == "CKD107"]
+    assert len(hits) == 1 and hits[0].severity == severity
+    assert hits[0].details["files_after_marker"] == shards
+    assert rep.failed() is (severity == "error")
+
+
+# ---- preflight opens node views together on slow storage ------------------------------------------
+def _node_views(tmp_path, nodes=24, per_node=2):
+    world = nodes * per_node
+    src = tmp_path / "src"
+    W.write(str(src), [W.Item("w", (world, 1), (r, 0), (1, 1), [1.0], rank=r) for r in range(world)])
+    for i in range(nodes):
+        d = tmp_path / f"n{i:02d}" / "run7" / "iter_0000100"
+        d.mkdir(parents=True)
+        for f in os.listdir(src):
+            if f.startswith("__") and int(f[2:].split("_")[0]) // per_node != i:
+                continue
+            os.link(src / f, d / f)
+        (tmp_path / f"n{i:02d}" / "run7" / "latest_checkpointed_iteration.txt").write_text("100")
+    return str(tmp_path / "{node}" / "run7"), [f"n{i:02d}" for i in range(nodes)]
+
+
+def _preflight(location, nodes, per_node=2):
+    from ckptdoctor import api
+    from ckptdoctor.commands import preflight as flow
+    from ckptdoctor.preflight.model import Allocation
+    eng = api.make_engine("preflight", location)
+    flow.run(location, eng, Allocation.block(nodes, [per_node]))
+    return eng.report
+
+
+def test_preflight_opens_node_views_together_when_each_is_slow(fresh_io, monkeypatch, tmp_path):
+    from ckptdoctor.commands import preflight as flow
+    location, nodes = _node_views(tmp_path)
+    real = flow.open_view
+    barrier = threading.Barrier(4, timeout=10)
+    calls = []
+
+    def slow_view(node, loc):
+        calls.append(node)
+        if len(calls) <= fs.PROBE_CALLS:
+            import time
+            time.sleep(flow.VIEW_SLOW_S * 1.5)   # round trips, not CPU
+        else:
+            barrier.wait()                        # only passes with 4 views in flight at once
+        return real(node, loc)
+    monkeypatch.setattr(flow, "open_view", slow_view)
+    rep = _preflight(location, nodes)
+    assert not [f for f in rep.findings if f.severity == "error"], [f.message for f in rep.findings]
+    assert rep.facts["resume_from"] == "iter_0000100"
+    assert sorted(calls) == nodes
+
+
+def test_preflight_finds_the_same_gaps_with_views_opened_together(fresh_io, monkeypatch, tmp_path):
+    """A node that lost a shard and one that cannot read one: named the same, serial or concurrent."""
+    location, nodes = _node_views(tmp_path)
+    os.unlink(tmp_path / "n05" / "run7" / "iter_0000100" / "__11_0.distcp")
+    locked = tmp_path / "n20" / "run7" / "iter_0000100" / "__40_0.distcp"
+    data = locked.read_bytes()
+    locked.unlink()                 # its own inode (the source's hard link stays readable)
+    locked.write_bytes(data)
+    os.chmod(locked, 0)
+
+    def gaps(rep):
+        return sorted((f.rule, f.severity, f.path.split(str(tmp_path))[-1]) for f in rep.findings
+                      if f.severity != "info")
+    serial = gaps(_preflight(location, nodes))
+    monkeypatch.setattr(fs, "_seen_slow", True)
+    together = gaps(_preflight(location, nodes))
+    assert together == serial
+    assert any("n05" in p and "__11_0.distcp" in p for _, _, p in serial)
+    if os.geteuid() != 0:   # root reads a mode-000 file: access(2) says so, and so does the real load
+        assert any("n20" in p and "__40_0.distcp" in p for _, _, p in serial)
+
+
+def test_cached_views_are_computed_once_per_instance_without_a_shared_lock(tmp_path):
+    """Two views' listings may run at once (functools.cached_property before 3.12 serialised
+    every instance behind one lock), and each view still lists its directory once."""
+    from ckptdoctor.layouts.model import CheckpointView
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    st = fs.LocalStorage(str(tmp_path))
+    barrier = threading.Barrier(2, timeout=10)
+    listed = []
+    real = st.listdir
+
+    def listdir(rel=""):
+        listed.append(rel)
+        barrier.wait()   # both views inside their listing at once, or this times out
+        return real(rel)
+    st.listdir = listdir
+    views = [CheckpointView(st, "a", None), CheckpointView(st, "b", None)]
+    out = {}
+    ts = [threading.Thread(target=lambda v=v: out.setdefault(v.rel, v.entries)) for v in views]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(20)
+    assert set(out) == {"a", "b"} and sorted(listed) == ["a", "b"]
+    views[0].entries
+    assert sorted(listed) == ["a", "b"]

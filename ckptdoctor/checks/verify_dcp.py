@@ -184,6 +184,9 @@ def stray_shard(ck, eng):
 
 MIN_COPY_RATE = 1 << 20  # bytes/s: slower than any copy tool on any storage a training run uses
 COPY_SLACK_S = 5.0        # directory walks, metadata round trips, a paused copy
+MIN_COPY_FILE_RATE = 20   # files/s: a copy pays a round trip per file (an S3 PUT is 20-100 ms); seen:
+                          # s3fs put of 3 x 1,024 small shards to a 20 ms endpoint wrote .metadata
+                          # first and the last shard 10 s later, 1.4 MB after it (issue 42's harness)
 
 
 @check("CKD107", "checkpoint")
@@ -206,18 +209,21 @@ def marker_not_last(ck, eng):
         gap = e.mtime - marker.mtime
         # Could a copy that wrote the marker first explain the gap?  Everything written after the
         # marker and up to this shard, at the slowest plausible copy rate, plus slack.
-        after = sum(f.size for f in ck.files.values() if f.mtime is not None and marker.mtime < f.mtime <= e.mtime)
-        explainable = after / MIN_COPY_RATE + COPY_SLACK_S
+        written = [f for f in ck.files.values() if f.mtime is not None and marker.mtime < f.mtime <= e.mtime]
+        after = sum(f.size for f in written)
+        explainable = after / MIN_COPY_RATE + len(written) / MIN_COPY_FILE_RATE + COPY_SLACK_S
         copy = gap <= explainable
         yield Hit(ck.path(n), f"{len(late)} shard(s) modified after the commit marker {marker.name} "
                               f"(newest {n}, {gap:.1f} s later" + (
-                                  ")" if copy else f"; the {after} bytes written after the marker would copy in "
-                                                   f"{explainable:.0f} s even at {MIN_COPY_RATE >> 20} MiB/s: a "
-                                                   f"re-save into the same directory, not a copy)"),
+                                  ")" if copy else f"; the {len(written)} files ({after} bytes) written after the "
+                                                   f"marker would copy in {explainable:.0f} s even at "
+                                                   f"{MIN_COPY_RATE >> 20} MiB/s and {MIN_COPY_FILE_RATE} files/s: "
+                                                   f"a re-save into the same directory, not a copy)"),
                   severity="warning" if copy else "error",
                   details={"marker": marker.name, "files": sorted(x for x, _ in late)[:20],
                            "max_seconds_after_marker": round(gap, 3), "tolerance_seconds": tol,
-                           "bytes_after_marker": after, "copy_explains_up_to_seconds": round(explainable, 1)},
+                           "bytes_after_marker": after, "files_after_marker": len(written),
+                           "copy_explains_up_to_seconds": round(explainable, 1)},
                   hint="the directory was written again after commit (mixed generations); if it was "
                        "copied without preserving mtimes, copy with `cp -a`/`rsync -t` or raise "
                        "--mtime-tolerance")

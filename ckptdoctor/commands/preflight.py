@@ -123,6 +123,9 @@ def read_plan(path: str):
         raise InputError(f"--read-plan {path}: {exc}") from None
 
 
+VIEW_SLOW_S = 0.004   # s per node view: measured ~1 ms locally (CPU); >= 6 round trips elsewhere
+
+
 def run(location: str, engine: Engine, alloc: Allocation, local: bool = False, node: str | None = None,
         allow_fresh: bool = False, expect=None, read_plan=None) -> Preflight:
     from ..preflight import memory
@@ -139,8 +142,16 @@ def run(location: str, engine: Engine, alloc: Allocation, local: bool = False, n
             raise InputError(f"{location}: {v.problem}")
         views = {n: v for n in alloc.nodes}
     else:
-        for n in ([me] if me else alloc.nodes):
-            views[n] = open_view(n, node_location(location, n))
+        # each view is a few round trips (stat, readdir, a stat per file): on a networked filesystem
+        # the views are opened together (512 views at 2 ms per call: 45 s serially, see
+        # benchmarks/latency_bench.py preflight); locally a view costs ~1 ms of CPU and stays serial
+        from ..io.fs import map_io
+        names = [me] if me else alloc.nodes
+        for n, v in zip(names, map_io(lambda n: open_view(n, node_location(location, n)), names,
+                                      slow_s=VIEW_SLOW_S)):
+            if isinstance(v, BaseException):
+                raise v
+            views[n] = v
     pf = Preflight(alloc, views, shared, local=me, parse_metadata=True, display=location,
                    allow_fresh=allow_fresh, expect=expect, read_plan=read_plan,
                    memory=memory.node_memory([me] if me else alloc.nodes, engine.opt("mem_per_node"), me),

@@ -156,19 +156,23 @@ def _executor():
     return _pool
 
 
-def map_io(fn, items, cleanup=None):
+def map_io(fn, items, cleanup=None, slow_s: float = SLOW_CALL_S):
     """fn(item) for each item, results in order (an exception is returned in place of its result,
     never raised here).  The first PROBE_CALLS run serially and are timed; if they average more
     than SLOW_CALL_S the rest run on a pool of io_threads() workers, in batches of 8 per worker
     (so at most that many prefetched file descriptors; `cleanup(result)` releases the ones not
-    consumed when the consumer stops early)."""
+    consumed when the consumer stops early).  `slow_s`: the per-call time that means round trips,
+    for an fn that does CPU work of its own (a node view: ~1 ms locally, 6 round trips on NFS).
+    Called from one of the pool's own workers, it runs serially: a worker waiting on tasks queued
+    behind it could deadlock the pool."""
+    import threading
     import time
     global _seen_slow
     items = list(items)
-    threads = io_threads()
+    threads = io_threads() if not threading.current_thread().name.startswith("ckd-io") else 1
     spent, i = 0.0, 0   # time inside fn only: the consumer's own work between results is not a round trip
     while i < len(items):
-        if threads > 1 and (_seen_slow or (i == PROBE_CALLS and spent / i > SLOW_CALL_S)):
+        if threads > 1 and (_seen_slow or (i == PROBE_CALLS and spent / i > slow_s)):
             _seen_slow = True
             break
         t0 = time.perf_counter()
@@ -376,15 +380,18 @@ class Tree:
         return {r: e.size for r, e in self.files.items()}
 
 
-def walk(st: Storage, rel: str = "") -> Tree:
+def walk(st: Storage, rel: str = "", top: "list[Entry] | None" = None) -> Tree:
     """Every directory and non-directory below `rel`, paths relative to it.  Listing errors are
-    raised (never skipped); symlinked directories are not followed (reported as entries)."""
+    raised (never skipped); symlinked directories are not followed (reported as entries).  `top`:
+    the listing of `rel` itself when the caller already holds it (not listed twice: on a networked
+    filesystem every entry's stat is a round trip)."""
     tree = Tree([], {}, [])
     stack = [("", 0)]
     seen = 0
     while stack:
         sub, depth = stack.pop()
-        for e in sorted(st.listdir(st.join(rel, sub)), key=lambda e: e.name):
+        listed = top if (top is not None and sub == "") else st.listdir(st.join(rel, sub))
+        for e in sorted(listed, key=lambda e: e.name):
             seen += 1
             if seen > MAX_TREE_ENTRIES:
                 raise TreeLimit(f"{st.show(rel)}: more than {MAX_TREE_ENTRIES} entries; not walked further")
@@ -403,8 +410,8 @@ def walk(st: Storage, rel: str = "") -> Tree:
     return tree
 
 
-def walk_files(st: Storage, rel: str = "") -> dict[str, int]:
-    return walk(st, rel).sizes()
+def walk_files(st: Storage, rel: str = "", top: "list[Entry] | None" = None) -> dict[str, int]:
+    return walk(st, rel, top).sizes()
 
 
 def _supports_refresh(fs) -> bool:

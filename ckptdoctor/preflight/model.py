@@ -98,8 +98,8 @@ class NodeView:
         return None if v is None else v.raw
 
 
-def _files(st: Storage, rel: str) -> dict[str, int]:
-    return walk_files(st, rel)
+def _files(st: Storage, rel: str, top=None) -> dict[str, int]:
+    return walk_files(st, rel, top)
 
 
 def open_view(node: str, location: str) -> NodeView:
@@ -123,13 +123,14 @@ def open_view(node: str, location: str) -> NodeView:
         if found.checkpoint is not None and not local_root:  # the location is itself one checkpoint
             v.kind = "checkpoint"
             ck = found.checkpoint
-            v.checkpoints[""] = Ckpt(ck.name, None, _files(st, ""), ck.layout)
+            v.checkpoints[""] = Ckpt(ck.name, None, _files(st, "", list(ck.entries.values())), ck.layout)
             return v
         if found.run is not None:               # a run root: its family's step directories
             v.kind, v.run = "run", found.run
             for ck in found.run.checkpoints:
                 try:
-                    v.checkpoints[ck.name] = Ckpt(ck.name, ck.step, _files(st, ck.name), ck.layout)
+                    v.checkpoints[ck.name] = Ckpt(ck.name, ck.step, _files(st, ck.name, list(ck.entries.values())),
+                                                  ck.layout)
                 except OSError as exc:
                     v.checkpoints[ck.name] = Ckpt(ck.name, ck.step, {}, ck.layout)
                     v.problem = f"{ck.name}: cannot list: {exc.strerror or exc}"
