@@ -118,7 +118,7 @@ def fuse(shards: int, delay_ms: float) -> None:
             daemon.wait(30)
             r = json.load(open(stats))
             os.unlink(stats)
-            print(f"| {name} | {delay:g} | {wall:.2f} | {r['max_in_flight']} | "
+            print(f"| {name} | {wall:.2f} | {r['max_in_flight']} | "
                   + ", ".join(f"{k} {v}" for k, v in sorted(r["ops"].items())) + " |")
     finally:
         shutil.rmtree(d)

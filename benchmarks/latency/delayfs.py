@@ -36,13 +36,13 @@ class DelayFS(fuse.Operations):
         self.source, self.delay, self.stats_path = os.path.realpath(source), delay, stats
         self.counts: dict[str, int] = {}
         self.in_flight = self.max_in_flight = 0
-        self.lock = threading.Lock()
+        self._mu = threading.Lock()
 
     def _p(self, path: str) -> str:
         return self.source + path
 
     def _charge(self, kind: str, delay: bool = True) -> None:
-        with self.lock:
+        with self._mu:
             self.counts[kind] = self.counts.get(kind, 0) + 1
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -50,7 +50,7 @@ class DelayFS(fuse.Operations):
             if delay and self.delay:
                 time.sleep(self.delay)
         finally:
-            with self.lock:
+            with self._mu:
                 self.in_flight -= 1
 
     def _os(self, fn, *args):

@@ -35,7 +35,7 @@ def content(ck, eng) -> ContentResult | None:
     from ..io import hashing  # here, not at import: only --checksums hashes
     res = ck.results["content"] = ContentResult()
     try:
-        on_disk = walk_files(ck.storage, ck.rel)
+        on_disk = walk_files(ck.storage, ck.rel, None if ck.only is not None else list(ck.entries.values()))
     except TreeLimit as exc:  # fail closed: what was not walked is not verified
         eng.emit("CKD901", Hit(ck.display, f"--checksums: {exc}", details={"limit": str(exc)}))
         res.walk_error = str(exc)

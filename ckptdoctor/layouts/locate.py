@@ -51,7 +51,7 @@ def locate(st: Storage, layout_name: str | None = None) -> Located:
             return Located(misfit=f"--layout {forced.name}: none of its files "
                                   f"({', '.join((forced.detect_files + forced.claims + forced.detect_dirs)[:4])}) "
                                   f"are here")
-        return Located(checkpoint=CheckpointView(st, "", forced))
+        return Located(checkpoint=_listed(CheckpointView(st, "", forced), entries))
     run_layout = spec.detect("run", files, dirs) or _by_children(st, dirs)
     own = spec.detect("checkpoint", files, dirs, name=_name(st))
     # a directory that is itself a checkpoint is not a run root (e.g. a Megatron iter dir)
@@ -62,8 +62,15 @@ def locate(st: Storage, layout_name: str | None = None) -> Located:
         return Located(run=_run(st, run_layout, entries, dirs))
     if own is None:
         local = _by_local_files(st, dirs)
-        return Located(checkpoint=CheckpointView(st, "", local)) if local else Located()
-    return Located(checkpoint=CheckpointView(st, "", own))
+        return Located(checkpoint=_listed(CheckpointView(st, "", local), entries)) if local else Located()
+    return Located(checkpoint=_listed(CheckpointView(st, "", own), entries))
+
+
+def _listed(view: CheckpointView, entries: dict) -> CheckpointView:
+    """The view of the location itself keeps the listing just made (not listed a second time: on
+    a networked filesystem each entry's stat is a round trip)."""
+    view.__dict__["entries"] = entries
+    return view
 
 
 # How many times a run root is listed again when its tracker names a directory the listing lacks.
