@@ -15,23 +15,36 @@ FIRED: set[str] = set()
 
 
 def assert_fires(report, rule: str, *, path_contains: str | None = None, severity: str | None = None):
+    """`rule` fired (on a path containing `path_contains`) with `severity`; without one, with the
+    severity its catalog entry promises (issue 39: a finding demoted from error to warning is a
+    broken promise, so every call pins a severity, the default one unless it says otherwise)."""
     hits = [f for f in report.findings if f.rule == rule]
     assert hits, f"{rule} did not fire; findings: {[(f.rule, f.message) for f in report.findings]}"
     FIRED.add(rule)
     if path_contains:
+        hits = [f for f in hits if path_contains in f.path] or hits
         assert any(path_contains in f.path for f in hits), [f.path for f in hits]
-    if severity:
-        assert any(f.severity == severity for f in hits), [f.severity for f in hits]
+    if severity is None:
+        from ckptdoctor.engine.catalog import catalog
+        severity = catalog()[rule].severity
+    assert any(f.severity == severity for f in hits), \
+        f"{rule} fired as {sorted({f.severity for f in hits})}, promised {severity}: {[f.message for f in hits]}"
     return hits
 
 
-def assert_fires_json(doc: dict, rule: str, *, path_contains: str | None = None):
-    """assert_fires for a `--format json` report read back from the real CLI."""
+def assert_fires_json(doc: dict, rule: str, *, path_contains: str | None = None, severity: str | None = None):
+    """assert_fires for a `--format json` report read back from the real CLI (severity pinned the same way)."""
     hits = [f for f in doc["findings"] if f["rule"] == rule]
     assert hits, f"{rule} did not fire; findings: {[(f['rule'], f['message']) for f in doc['findings']]}"
     FIRED.add(rule)
     if path_contains:
+        hits = [f for f in hits if path_contains in f["path"]] or hits
         assert any(path_contains in f["path"] for f in hits), [f["path"] for f in hits]
+    if severity is None:
+        from ckptdoctor.engine.catalog import catalog
+        severity = catalog()[rule].severity
+    assert any(f["severity"] == severity for f in hits), \
+        f"{rule} fired as {sorted({f['severity'] for f in hits})}, promised {severity}: {[f['message'] for f in hits]}"
     return hits
 
 

@@ -171,3 +171,25 @@ def test_a_rule_whose_fix_is_to_resume_elsewhere_names_the_command_that_does_it(
     missing = [r.id for r in catalog().values() if r.severity in ("error", "warning") and says.search(r.fix)
                and "ckptdoctor verify --fix" not in r.fix]
     assert not missing, missing
+
+
+def test_a_rule_whose_fix_is_the_tracker_names_the_command_that_repoints_it():
+    """Issue 41: a verify rule whose fix is to rewrite or repoint the tracker names `ckptdoctor verify --fix`
+    (preflight's per-node trackers excepted: each node's copy is fixed on that node)."""
+    import re
+    says = re.compile(r"(rewrite|repoint)\w* the tracker", re.I)
+    missing = [r.id for r in catalog().values() if "verify" in r.subcommands and says.search(r.fix)
+               and "ckptdoctor verify --fix" not in r.fix]
+    assert not missing, missing
+
+
+def test_a_finding_without_its_own_hint_carries_its_rules_fix():
+    """Issue 41: every finding says what fixes it; where a check gives no hint of its own, the hint
+    is the rule's documented fix (shown in text, JSON and SARIF alike)."""
+    from ckptdoctor import api
+    from ckptdoctor.engine.finding import Hit
+    eng = api.make_engine("verify", "x")
+    f = eng.emit("CKD150", Hit("x/ckpt", "no manifest"))
+    assert f.hint == catalog()["CKD150"].fix and "ckptdoctor manifest" in f.hint
+    g = eng.emit("CKD112", Hit("x/latest", "tracker is empty", hint="write 300 into it"))
+    assert g.hint == "write 300 into it"

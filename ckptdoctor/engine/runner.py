@@ -58,7 +58,9 @@ class Engine:
         self._seen.add(key)
         shown = self.selection.enabled_rule(rule_id)
         f = Finding(rule=rule_id, name=rule.name, severity=self.selection.severity.get(rule_id) or judged,
-                    path=hit.path, message=hit.message, details=hit.details, hint=hit.hint, judged=judged,
+                    path=hit.path, message=hit.message, details=hit.details,
+                    hint=hit.hint or rule.fix,   # every finding says what fixes it (the rule's own fix
+                    judged=judged,               # where the check gave no hint of its own: issue 41)
                     hidden=not shown, unverified=rule.unverified)
         if self.acknowledge and rule_id != "CKD903":
             self._acknowledged(f)
