@@ -345,6 +345,22 @@ MUTANTS = [
       "    loader = given or torchver.installed()", "    loader = given",
       ("tests/test_conformance.py::test_the_installed_torch_is_the_default_loader",),
       "verify ignores the torch installed beside it when no --loader-torch is given"),
+    # ---- slow storage (issue 42) ---------------------------------------------------------------------
+    M("slow-storage-never-concurrent", "ckptdoctor/io/fs.py",
+      "        if threads > 1 and (_seen_slow or (i == PROBE_CALLS and spent / i > slow_s)):",
+      "        if False:",
+      ("tests/test_slow_storage.py::test_slow_metadata_calls_are_issued_together_and_answered_in_order",),
+      "a listing on a networked filesystem stats its entries one round trip after another"),
+    M("gate-skips-target-shards", "ckptdoctor/commands/verify.py",
+      "            ck.read_data = ck.name == runv.resume_target",
+      "            ck.read_data = False",
+      ("tests/test_slow_storage.py::test_the_gate_still_reads_every_shard_of_the_checkpoint_it_resumes",),
+      "the relaunch gate passes a resume target whose shard bytes it never read"),
+    M("prefetched-fds-leak", "ckptdoctor/io/fs.py",
+      "                if cleanup is not None:\n                    for rest in done[k + 1:]:",
+      "                if False:\n                    for rest in done[k + 1:]:",
+      ("tests/test_slow_storage.py::test_descriptors_opened_ahead_are_closed_when_the_reader_stops_early",),
+      "shard descriptors opened ahead leak when a check stops early"),
 ]
 
 

@@ -29,7 +29,7 @@ def fresh_io(monkeypatch):
 def _slow_then_together(parties: int, probe: int):
     """fn for map_io: the first `probe` calls are slow round trips (0.3 ms, over SLOW_CALL_S);
     each later call waits until `parties` calls are inside at once (a barrier with a deadline)."""
-    barrier = threading.Barrier(parties, timeout=10)
+    barrier = threading.Barrier(parties, timeout=3)   # in flight together within ms; 3 s only bounds a failure
     inside = {"now": 0, "max": 0}
     lock = threading.Lock()
 
