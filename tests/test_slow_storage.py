@@ -18,6 +18,13 @@ from ckptdoctor.layouts import dcp_writer as W
 from tests.helpers import cli
 
 
+@pytest.fixture(autouse=True)
+def no_pool_left_behind():
+    """Later tests in this process fork (--deep) only while it is single-threaded: stop the pool."""
+    yield
+    fs.shutdown_pool()
+
+
 @pytest.fixture
 def fresh_io(monkeypatch):
     """Each test decides for itself whether storage was seen slow (the flag is per process)."""
@@ -57,6 +64,8 @@ def test_slow_metadata_calls_are_issued_together_and_answered_in_order(fresh_io)
     assert out == [i * 10 for i in range(fs.PROBE_CALLS + 64)]
     assert inside["max"] >= 8
     assert fs._seen_slow
+    fs.shutdown_pool()
+    assert not [t for t in threading.enumerate() if t.name.startswith("ckd-io")]
 
 
 def test_fast_calls_stay_on_the_calling_thread(fresh_io):

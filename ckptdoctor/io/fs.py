@@ -156,6 +156,15 @@ def _executor():
     return _pool
 
 
+def shutdown_pool() -> None:
+    """Stop the worker threads (a process that forks afterwards, like --deep's scan, needs to be
+    single-threaded again; the next slow batch starts a new pool)."""
+    global _pool
+    if _pool is not None:
+        _pool.shutdown(wait=True)
+        _pool = None
+
+
 def map_io(fn, items, cleanup=None, slow_s: float = SLOW_CALL_S):
     """fn(item) for each item, results in order (an exception is returned in place of its result,
     never raised here).  The first PROBE_CALLS run serially and are timed; if they average more
