@@ -424,7 +424,7 @@ def publish(
             except PartRefused as exc:
                 _say(f"ckptdoctor: {exc}")
                 emit(lambda: _render(eng.report, format))
-                raise typer.Exit(1) from None
+                raise typer.Exit(exc.exit_code) from None  # 1 refused; 73 another publish id committed
         else:
             flow.run(src, dest_root, eng, name=name, force=force, replace=replace, tracker=tracker,
                      trust_manifest=trust_manifest,

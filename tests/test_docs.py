@@ -67,3 +67,17 @@ def test_man_page_names_are_whole_true_sentences_and_verify_shows_the_gate_and_f
     ex = verify.split(".SH EXAMPLES", 1)[1].split(".SH ", 1)[0]
     assert "\\-\\-target resume" in ex and "\\-\\-fix" in ex
     assert "Read\\-only" not in verify.split(".SH NAME\n", 1)[1].split("\n", 1)[0]  # --fix writes
+
+
+def test_every_exit_code_is_documented_in_the_readme_and_the_man_page():
+    """Exit codes are a public contract: each one the code can return is in the README's table
+    and in ckptdoctor(1)'s EXIT STATUS, and the tables list no code the code cannot return."""
+    import re
+    from ckptdoctor.engine.errors import EXIT_CODES
+    readme = (ROOT / "README.md").read_text()
+    table = {int(m) for m in re.findall(r"^\| (\d+) \|", readme, re.M)}
+    assert table == set(EXIT_CODES), (sorted(table), sorted(EXIT_CODES))
+    man = (ROOT / "man" / "ckptdoctor.1").read_text()
+    status = man.split(".SH EXIT STATUS", 1)[1].split(".SH ", 1)[0]
+    listed = {int(m) for m in re.findall(r"^\\fB(\d+)\\fR$", status, re.M)}
+    assert listed == set(EXIT_CODES), (sorted(listed), sorted(EXIT_CODES))

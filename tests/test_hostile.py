@@ -33,6 +33,56 @@ settings.register_profile("fuzz", max_examples=20000, deadline=5000, suppress_he
 settings.load_profile("fuzz" if os.environ.get("CKPTDOCTOR_FUZZ") else "ci")
 
 
+# Per example: every input here is under 1 KiB, so a parser that allocates what a forged length or
+# count asks for (a header length of 2**40, a memo index of 10**9) is over this long before it is
+# over the machine.  Measured with tracemalloc (Python's allocators, where bytes, lists and dicts
+# live); the process-wide peak RSS is checked once per test as well.
+EXAMPLE_BYTES = 32 << 20
+PROCESS_RSS_KIB = 2 << 20
+
+
+def within_budget(fn, limit=lambda data: EXAMPLE_BYTES):
+    """fn(data), failing when one example's peak traced allocation passes limit(data)."""
+    import tracemalloc
+
+    def run(data):
+        if not tracemalloc.is_tracing():
+            tracemalloc.start()
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        try:
+            fn(data)
+        finally:
+            peak = tracemalloc.get_traced_memory()[1] - base
+        assert peak < limit(data), f"{peak} bytes allocated for a {len(data)}-byte input {data[:64]!r}"
+    return run
+
+
+@pytest.fixture
+def rss_budget():
+    import resource
+    import tracemalloc
+    yield
+    if tracemalloc.is_tracing():
+        tracemalloc.stop()
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < PROCESS_RSS_KIB, "peak RSS over 2 GiB"
+
+
+def pickled(data) -> int:
+    """A pickle parser's budget: what the unpickler's address-space cap allows for this input
+    (io.unpickle.pickle_budget), plus 8 MiB of memory the process had freed before and reuses."""
+    from ckptdoctor.io.unpickle import pickle_budget
+    return pickle_budget(len(data)) + (8 << 20)
+
+
+def test_the_fuzz_budget_catches_a_parser_that_allocates_what_the_input_asks(rss_budget):
+    """The guard of the guard: an allocation sized by the input is reported, with the input."""
+    greedy = within_budget(lambda data: bytearray(int.from_bytes(data[:4], "little")))
+    greedy(b"\x00\x01\x00\x00")  # 256 bytes: fine
+    with pytest.raises(AssertionError, match="allocated for a 4-byte input"):
+        greedy(b"\x00\x00\x00\x04")  # 64 MiB
+
+
 def _mutations(seed: bytes):
     """Truncations, bit flips, byte overwrites and random junk around a valid seed."""
     n = len(seed)
@@ -53,8 +103,9 @@ def metadata_seed(tmp_path_factory):
     return (d / ".metadata").read_bytes()
 
 
-def test_fuzz_dcp_metadata(metadata_seed):
+def test_fuzz_dcp_metadata(metadata_seed, rss_budget):
     @given(_mutations(metadata_seed))
+    @lambda fn: within_budget(fn, pickled)
     def run(data):
         try:
             dcp.parse(data)
@@ -71,10 +122,11 @@ def _st_file():
     return struct.pack("<Q", len(header)) + header + bytes(24)
 
 
-def test_fuzz_safetensors_header():
+def test_fuzz_safetensors_header(rss_budget):
     seed = _st_file()
 
     @given(_mutations(seed))
+    @within_budget
     def run(data):
         try:
             stf.read_header(lambda off, n: data[off:off + n], len(data))
@@ -91,12 +143,13 @@ def test_absurd_header_length_is_a_finding_not_an_allocation(tmp_path):
     assert_fires(rep, "CKD120")
 
 
-def test_fuzz_index_and_manifest_and_tracker():
+def test_fuzz_index_and_manifest_and_tracker(rss_budget):
     from ckptdoctor.layouts.spec import run_layouts
     trackers_under_test = [l for l in run_layouts() if l.tracker]
     assert {l.tracker.parse for l in trackers_under_test} == {"int", "int-or-release", "tag", "json:last_checkpoint_step"}
 
     @given(st.binary(max_size=300) | st.text(max_size=200).map(str.encode))
+    @within_budget
     def run(data):
         for fn, errs in ((stf.parse_index, (stf.HeaderError,)),
                          (lambda b: mf.parse(b, mf.NAME), (mf.ManifestError,)),
@@ -122,10 +175,11 @@ def _pt(obj_pickle: bytes, extra=None) -> bytes:
     return buf.getvalue()
 
 
-def test_fuzz_pt_reader():
+def test_fuzz_pt_reader(rss_budget):
     seed = _pt(pickle.dumps({"_num_yielded": 3, "groups": [{"target_step": 7}]}, protocol=2))
 
     @given(_mutations(seed))
+    @lambda fn: within_budget(fn, pickled)
     def run(data):
         try:
             ptfile.read_pt(io.BytesIO(data))
@@ -165,7 +219,7 @@ def test_fuzz_pickles_naming_globals_off_the_allow_list_are_refused_by_name(tmp_
 
 
 # ---- run-state files, path expressions, hostlists --------------------------------------------------------
-def test_fuzz_run_state_and_paths_and_hostlists():
+def test_fuzz_run_state_and_paths_and_hostlists(rss_budget):
     json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
                                lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3),
                                max_leaves=12)

@@ -160,7 +160,8 @@ def test_sigkill_of_the_completing_part_then_rerun(tmp_path, phase):
     assert st.exists()
     rc, out, err = finish(start_part(parts[1], dest, 1, 2, "job7", env={"CKPTDOCTOR_TEST_KILL_AT": phase}))
     assert rc == -signal.SIGKILL
-    assert tracker_of(dest) == "50"  # never moved by a part that died
+    if phase != "rename":  # after the rename the waiting part 0 may already have finished the after-commit
+        assert tracker_of(dest) == "50"  # never moved by a part that died
     if (dest / NAME).exists():  # killed after the rename: complete and verifiable, tracker not yet moved
         assert phase == "rename"
         assert_committed(dest, full)
@@ -231,7 +232,7 @@ def test_timeout_commits_nothing_and_a_rerun_resumes(tmp_path):
     assert rc == 0 and json.loads(out)["facts"]["published"]["status"] == "already-committed"
     # another publish id of the same name refuses to overwrite
     rc, out, err = finish(start_part(parts[1], dest, 1, 2, "job4"))
-    assert rc == 2 and "refusing to overwrite" in err
+    assert rc == 73 and "refusing to overwrite" in err
 
 
 def test_a_part_killed_mid_copy_resumes_from_its_journal(tmp_path):
@@ -465,3 +466,123 @@ def test_a_file_in_staging_that_no_part_recorded_is_never_published(tmp_path):
     assert sorted(r[0] for r in res) == [1, 1], res
     assert any("unrecorded __9_0.distcp" in r[2] for r in res), [r[2] for r in res]
     assert not (dest / NAME).exists() and tracker_of(dest) is None
+
+
+# ---- part publish races, forced (CKPTDOCTOR_TEST_HOLD_AT holds one side at a phase until released) --
+def _wait_phase(log, phase, proc, timeout=60):
+    end = time.monotonic() + timeout
+    while phase not in _phase_log(log):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < end, f"never reached {phase}"
+        time.sleep(0.05)
+
+
+def test_a_conflict_seen_by_a_rerun_survives_the_stalled_original_rewriting_its_record(tmp_path):
+    """Part 0 is stalled after copying (its record not yet written) and presumed dead; a re-run of
+    part 0 elsewhere holds other __0_0.distcp bytes.  The re-run exits 1 on the conflict; the stalled
+    original, released, writes its record and exits 1; part 1, arriving last, completes the set of
+    records and must still refuse: the conflict is recorded where no record rewrite can drop it."""
+    parts, full = nodes_of(tmp_path, 2)
+    dest = tmp_path / "dest"
+    other = tmp_path / "elsewhere" / NAME
+    shutil.copytree(parts[0], other)
+    shard = other / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(1, 1))
+    log, release = tmp_path / "phases", tmp_path / "release"
+    original = start_part(parts[0], dest, 0, 2, "job3", "--timeout", "60",
+                          env={"CKPTDOCTOR_TEST_PHASE_LOG": str(log), "CKPTDOCTOR_TEST_HOLD_AT": f"copied:{release}"})
+    _wait_phase(log, "copied", original)
+    rc, out, err = finish(start_part(other, dest, 0, 2, "job3", "--timeout", "10"))
+    assert rc == 1 and "__0_0.distcp" in err and "different bytes" in err and "new --publish-id" in err, (rc, err)
+    release.write_text("")
+    rc, out, err = finish(original)
+    assert rc == 1 and "__0_0.distcp" in err, (rc, err)
+    rc, out, err = finish(start_part(parts[1], dest, 1, 2, "job3", "--timeout", "60"))
+    assert rc == 1 and "__0_0.distcp" in err and "nothing committed" in err, (rc, err)
+    assert not (dest / NAME).exists() and tracker_of(dest) is None
+
+
+def test_a_committer_killed_after_its_rename_leaves_the_tracker_to_a_waiting_part(tmp_path):
+    """Both parts would die right after the rename; exactly one commits, so one dies there and the
+    other, waiting, finds the checkpoint committed under its ID with the committer gone: it writes
+    the tracker and clears the staging itself, so the run's resume target moves with no re-run."""
+    parts, full = nodes_of(tmp_path, 2)
+    dest = tmp_path / "dest"
+    prev = megatron_iter(tmp_path / "prev" / "iter_0000050", 50)
+    assert cli("publish", "--quiet", prev, dest)[0] == 0
+    env = {"CKPTDOCTOR_TEST_KILL_AT": "rename"}
+    res = [finish(p, timeout=60) for p in [start_part(parts[k], dest, k, 2, "job4", "--timeout", "60", env=env)
+                                           for k in range(2)]]
+    assert sorted(r[0] for r in res) == [-signal.SIGKILL, 0], res
+    survivor = next(json.loads(out)["facts"]["published"] for rc, out, _ in res if rc == 0)
+    assert survivor["status"] == "part-done"
+    assert_committed(dest, full)
+    assert tracker_of(dest) == "100" and staging(dest) == []
+
+
+def test_a_waiting_part_exits_73_when_another_publish_id_commits_the_name(tmp_path):
+    """job4's part 0 waits for a part 1 that never comes; job5 publishes the same name whole.
+    job4 can never commit now: its part exits 73 (documented: do not requeue), not 75."""
+    parts, full = nodes_of(tmp_path, 2)
+    dest = tmp_path / "dest"
+    log = tmp_path / "phases"
+    waiting = start_part(parts[0], dest, 0, 2, "job4", "--timeout", "120", env={"CKPTDOCTOR_TEST_PHASE_LOG": str(log)})
+    _wait_phase(log, "part-record", waiting)
+    res = [finish(p) for p in [start_part(parts[k], dest, k, 2, "job5") for k in range(2)]]
+    assert [r[0] for r in res] == [0, 0], res
+    rc, out, err = finish(waiting)
+    assert rc == 73 and "job5" in err and "do not requeue" in err, (rc, err)
+    assert json.loads((dest / NAME / "ckptdoctor.manifest.json").read_text())["publish_id"] == "job5"
+
+
+def test_a_committer_that_loses_the_rename_to_another_publish_id_exits_73(tmp_path):
+    """job6's committer is held after sealing, before its rename; job7 commits the name meanwhile.
+    Released, job6's rename finds the name taken: it replaces nothing and both of job6's parts exit
+    73; job7's checkpoint and tracker stand."""
+    parts, full = nodes_of(tmp_path, 2)
+    dest = tmp_path / "dest"
+    logs = [tmp_path / f"phases{k}" for k in range(2)]
+    release = tmp_path / "release"
+    job6 = [start_part(parts[k], dest, k, 2, "job6", "--timeout", "120",
+                       env={"CKPTDOCTOR_TEST_PHASE_LOG": str(logs[k]), "CKPTDOCTOR_TEST_HOLD_AT": f"manifest:{release}"})
+            for k in range(2)]
+    end = time.monotonic() + 60
+    while not any("manifest" in _phase_log(lg) for lg in logs):
+        assert time.monotonic() < end and all(p.poll() is None for p in job6)
+        time.sleep(0.05)
+    res = [finish(p) for p in [start_part(parts[k], dest, k, 2, "job7") for k in range(2)]]
+    assert [r[0] for r in res] == [0, 0], res
+    release.write_text("")
+    res6 = [finish(p) for p in job6]
+    assert [r[0] for r in res6] == [73, 73], res6
+    man = json.loads((dest / NAME / "ckptdoctor.manifest.json").read_text())
+    assert man["publish_id"] == "job7" and tracker_of(dest) == "100"
+    assert_committed(dest, full)
+
+
+def test_a_rerun_withdraws_its_old_record_and_unplaces_a_file_gone_from_its_source(tmp_path):
+    """Part 0 timed out (its record stayed); then extra.bin was deleted from its source and part 0
+    re-runs.  While the re-run reads its source, its old record is gone, so part 1 cannot commit the
+    old state (it times out); released, the re-run records what the source holds now and the commit
+    publishes exactly that, without extra.bin."""
+    parts, full = nodes_of(tmp_path, 2)
+    dest = tmp_path / "dest"
+    (parts[0] / "extra.bin").write_bytes(b"x" * 1000)
+    rc, out, err = finish(start_part(parts[0], dest, 0, 2, "job8", "--timeout", "1"))
+    assert rc == 75, err
+    os.unlink(parts[0] / "extra.bin")
+    log, release = tmp_path / "phases", tmp_path / "release"
+    rerun = start_part(parts[0], dest, 0, 2, "job8", "--timeout", "60",
+                       env={"CKPTDOCTOR_TEST_PHASE_LOG": str(log), "CKPTDOCTOR_TEST_HOLD_AT": f"copied:{release}"})
+    _wait_phase(log, "copied", rerun)
+    rc, out, err = finish(start_part(parts[1], dest, 1, 2, "job8", "--timeout", "2"))
+    assert rc == 75 and "never arrived" in err, (rc, err)
+    assert not (dest / NAME).exists()
+    release.write_text("")
+    rc, out, err = finish(rerun)
+    assert rc == 0 and json.loads(out)["facts"]["published"]["status"] == "committed", err
+    assert not (dest / NAME / "extra.bin").exists()
+    assert_committed(dest, full)

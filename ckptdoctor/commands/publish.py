@@ -135,7 +135,7 @@ def run_part(src: str, dest_root: str, engine: Engine, *, part: str, publish_id:
              tracker: str = "auto", keep_last: int | None = None, keep_every: int | None = None,
              workers: int | None = None):
     """publish --part K/N: this node's files into the shared staging; the part completing the set
-    verifies the assembled checkpoint with the same engine and commits it (publishing/parts.py)."""
+    verifies the assembled checkpoint with the same engine and commits it (publishing/parts/)."""
     from ..publishing import parts
     pspec = parts.PartSpec.parse(part, publish_id)
     if replace:

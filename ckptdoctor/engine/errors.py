@@ -4,6 +4,7 @@ EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 EXIT_INTERNAL = 3
+EXIT_TAKEN = 73     # EX_CANTCREAT: publish --part lost the name to another publish id; do not requeue
 EXIT_TEMPFAIL = 75  # EX_TEMPFAIL: could not evaluate; requeue, do not fail
 
 EXIT_INTERRUPTED = 130
@@ -17,6 +18,8 @@ EXIT_CODES = {
     EXIT_USAGE: "usage error, bad config, or an input that cannot be read at all (a missing path, a symlink "
                 "loop: one line naming it)",
     EXIT_INTERNAL: "internal error (a bug; --debug shows the traceback)",
+    EXIT_TAKEN: "publish --part: another publish id committed this name first; nothing of this publish was "
+                "committed and a requeue cannot succeed (publish under another --name)",
     EXIT_TEMPFAIL: "could not evaluate for a transient reason (storage unreachable, timeout)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C); publish removes what it staged first",
     EXIT_TERMINATED: "terminated (SIGTERM during publish, e.g. scancel or a preemption notice)",

@@ -1,4 +1,4 @@
-"""publish_distributed: the part publish (publishing/parts.py) from inside a torch.distributed job.
+"""publish_distributed: the part publish (publishing/parts/) from inside a torch.distributed job.
 
 Every rank calls it after the local save.  Ranks are grouped into nodes (by host name, or `node=`);
 the lowest rank of each node copies its node's directory into the shared stage and writes the

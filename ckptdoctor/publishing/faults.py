@@ -9,6 +9,9 @@ CKPTDOCTOR_TEST_KILL_AFTER=N      SIGKILL this process once N bytes were copied 
 CKPTDOCTOR_TEST_ENOSPC_AFTER=N    fail a write with ENOSPC once N bytes were copied (for machines
                                   where the tests cannot mount a small filesystem)
 CKPTDOCTOR_TEST_PAUSE_AT=PHASE:S  sleep S seconds when publish reaches PHASE (to order two publishes)
+CKPTDOCTOR_TEST_HOLD_AT=PHASE:FILE  wait at PHASE until FILE exists (at most 300 s): a test holds a
+                                  window open and releases it when the other side has acted, so a race
+                                  is forced, not timed (parts: copied = files placed, record not yet written)
 CKPTDOCTOR_TEST_PHASE_LOG=FILE    append "PHASE MONOTONIC_SECONDS" to FILE as publish passes each phase,
                                   so a test that kills at random moments knows which phase it hit
 """
@@ -24,6 +27,7 @@ _ENOSPC_AFTER = os.environ.get("CKPTDOCTOR_TEST_ENOSPC_AFTER")
 _KILL_AFTER = os.environ.get("CKPTDOCTOR_TEST_KILL_AFTER")
 _PHASE_LOG = os.environ.get("CKPTDOCTOR_TEST_PHASE_LOG")
 _PAUSE_AT = os.environ.get("CKPTDOCTOR_TEST_PAUSE_AT")
+_HOLD_AT = os.environ.get("CKPTDOCTOR_TEST_HOLD_AT")
 _written = 0
 _lock = threading.Lock()
 
@@ -41,6 +45,11 @@ def point(phase: str) -> None:
     if _PAUSE_AT and _PAUSE_AT.split(":")[0] == phase:
         import time
         time.sleep(float(_PAUSE_AT.split(":")[1]))
+    if _HOLD_AT and _HOLD_AT.split(":", 1)[0] == phase:
+        import time
+        end = time.monotonic() + 300
+        while not os.path.exists(_HOLD_AT.split(":", 1)[1]) and time.monotonic() < end:
+            time.sleep(0.02)
 
 
 def wrote(n: int) -> None:
