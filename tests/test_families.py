@@ -336,3 +336,27 @@ def test_a_pickle_that_runs_code_is_named(tmp_path):
         z.writestr("archive/data.pkl", pickle.dumps([Evil(), Evil()], protocol=4))
     assert_fires(api.verify(str(d)), "CKD127", path_contains="optimizer.pt")
     assert "CKD127" not in api.verify(str(d / "ok.pt")).rules()
+
+
+def test_every_code_global_of_a_protocol_4_pickle_is_named_even_when_its_module_comes_from_the_memo(tmp_path):
+    """Protocol 4 writes a module name once and fetches it from the memo for the next global of
+    that module (MEMOIZE ... BINGET): CKD127 names both calls, not only the first."""
+    import pickle
+    import zipfile
+
+    class System:
+        def __reduce__(self):
+            return (os.system, ("true",))
+
+    class Kill:
+        def __reduce__(self):
+            return (os.kill, (0, 0))
+    data = pickle.dumps([System(), Kill()], protocol=4)
+    assert data.count(os.system.__module__.encode()) == 1  # the second global's module is a memo fetch
+    d = tmp_path / "exported"
+    d.mkdir()
+    with zipfile.ZipFile(d / "optimizer.pt", "w") as z:
+        z.writestr("archive/data.pkl", data)
+        z.writestr("archive/version", "3\n")
+    hit = assert_fires(api.verify(str(d)), "CKD127", path_contains="optimizer.pt")[0]
+    assert sorted(hit.details["globals"]) == [f"{os.system.__module__}.kill", f"{os.system.__module__}.system"]

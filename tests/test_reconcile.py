@@ -441,3 +441,20 @@ def test_object_store_checkpoint_reconciles_but_fix_needs_an_output(nemo):
     assert_fires(rep, "CKD303", path_contains="memory://rl/run/step_7/train_dataloader.pt")
     with pytest.raises(UsageError, match="--fix-output"):
         flow.fix(flow.load("memory://rl/run/step_7", None, []))
+
+
+def test_a_later_epochs_dataloader_position_counts_every_earlier_epoch(tmp_path):
+    """A state file that records the dataloader only within its epoch (epoch 2, 3 batches per
+    epoch, k batches in) is judged at batch 2*3+k, exactly as if that total were recorded: k=1 is
+    aligned with cursor 6 (a warning only), k=2 is a dataloader one batch ahead (an error)."""
+    for in_epoch, severity in ((1, "warning"), (2, "error")):
+        doc = state()
+        del doc["dataloader"]["batches_total"]
+        doc["trainer"]["epoch"] = 2
+        doc["config"]["batches_per_epoch"] = 3
+        doc["dataloader"]["batches_in_epoch"] = in_epoch
+        got = rec(write_state(tmp_path, doc))
+        explicit = rec(write_state(tmp_path, state(a=6 + in_epoch), name="explicit.json"))
+        assert_fires(got, "CKD301", severity=severity)
+        assert sorted((f.rule, f.severity) for f in got.findings) == \
+            sorted((f.rule, f.severity) for f in explicit.findings), in_epoch

@@ -231,3 +231,15 @@ def test_lightning_sharded_ckpt_directory(wild):
     (sharded / "meta.pt").unlink()
     rep = api.verify(str(ck))
     assert_fires(rep, "CKD101", path_contains="epoch=0-step=3.ckpt", severity="error")
+
+
+def test_nvrx_a_replica_of_another_ranks_file_does_not_stand_for_a_ranks_own(wild):
+    """Rank 1's directory holds a replica of rank 0's newest file but no file of its own owner for
+    that iteration, anywhere: the iteration cannot be loaded on rank 1, so nothing resumes from it
+    (an error naming 1/iter_0000200_1_local.pt), however many files of other owners rank 1 holds."""
+    root = wild("nvrx/healthy")
+    os.unlink(root / "1" / "iter_0000200_1_local.pt")
+    shutil.copy2(root / "0" / "iter_0000200_0_local.pt", root / "1" / "iter_0000200_0_local.pt")
+    rep = api.verify(str(root))
+    assert_fires(rep, "CKD118", severity="error")
+    assert "1/iter_0000200_1_local.pt" in next(f for f in rep.findings if f.rule == "CKD118").message

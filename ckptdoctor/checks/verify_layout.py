@@ -100,9 +100,12 @@ def pickle_code_globals(data: bytes, limit: int = 20) -> list[str]:
     is executed).  STACK_GLOBAL's operands are the strings pushed (or fetched from the memo) before it."""
     import pickletools
     found, strings, memo = [], [], {}
+    memo_next = 0        # MEMOIZE numbers every object it stores (lists, tuples, globals), not only strings
+    pushed = False       # the previous opcode pushed a string (so a PUT/MEMOIZE now stores that string)
     try:
         for op, arg, _pos in pickletools.genops(data):
             name = op.name
+            was_pushed, pushed = pushed, False
             if name in ("GLOBAL", "INST"):
                 mod, _, attr = str(arg).partition(" ")
                 pair = (mod, attr)
@@ -112,12 +115,20 @@ def pickle_code_globals(data: bytes, limit: int = 20) -> list[str]:
                 pair = None
                 if isinstance(arg, str) and name.endswith("UNICODE") or name in ("SHORT_BINSTRING", "BINSTRING"):
                     strings.append(str(arg))
-                elif name in ("BINPUT", "LONG_BINPUT", "PUT") and strings:
-                    memo[arg] = strings[-1]
-                elif name == "MEMOIZE" and strings:
-                    memo[len(memo)] = strings[-1]
+                    pushed = True
+                elif name in ("BINPUT", "LONG_BINPUT", "PUT", "MEMOIZE"):
+                    if name == "MEMOIZE":
+                        index, memo_next = memo_next, memo_next + 1
+                    else:
+                        index = arg
+                    if was_pushed and strings:
+                        memo[index] = strings[-1]
+                    else:
+                        memo.pop(index, None)
+                    pushed = was_pushed  # the stored string is still on the stack for the next opcode
                 elif name in ("BINGET", "LONG_BINGET", "GET") and arg in memo:
                     strings.append(memo[arg])
+                    pushed = True
                 del strings[:-4]
             if pair and (pair[0].split(".")[0] in CODE_GLOBALS or pair in CODE_NAMES):
                 found.append(f"{pair[0]}.{pair[1]}")

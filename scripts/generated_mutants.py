@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Generated mutants (cosmic-ray) on the decision modules: every mutant a maintained tool can make
+there, not only the curated ones (scripts/mutation_check.py), must be killed by the tests that
+guard its module -- or be listed in MUTATION.md as equivalent, with a one-line reason.
+
+    python scripts/generated_mutants.py                 # the seeded sample CI runs (10 mutants)
+    python scripts/generated_mutants.py --sample 40 --seed 7
+    python scripts/generated_mutants.py --all --group runstate --record benchmarks/mutation/runstate.jsonl
+
+cosmic-ray enumerates the mutants (`cosmic-ray init`: operators, occurrences) and applies each to a
+private copy of the tracked tree (`cosmic-ray exec`, never this checkout), where the group's tests
+run with PYTHONPATH putting the copy first.  The sample is drawn from every group's mutants at
+once; its seed defaults to a digest of the decision modules' source, so a given code state always
+draws the same mutants (documentation and test changes do not move it; a code change does), and
+the seed is printed.  Exit 0 when every sampled mutant was killed (a test failed, the mutant could
+not even be imported, or it hung past the timeout) or is listed as equivalent; 1 otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from mutation_check import copy_tree  # noqa: E402  (one copy of the tracked tree, the same as the curated check)
+
+# decision module(s) -> the tests that guard them (run with -x: a kill usually stops early)
+GROUPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "runstate": (("ckptdoctor/runstate",), ("tests/test_reconcile.py",)),
+    "actions": (("ckptdoctor/commands/fix.py", "ckptdoctor/commands/prune.py"),
+                ("tests/test_trusted_actions.py", "tests/test_publish.py")),
+    "contract": (("ckptdoctor/contract.py",), ("tests/test_contract.py",)),
+    "resume": (("ckptdoctor/resume.py",), ("tests/test_resume.py",)),
+    "unpickle": (("ckptdoctor/io/unpickle.py",), ("tests/test_hostile.py", "tests/test_dcp_reader.py",
+                                                  "tests/test_bite.py")),
+    "preflight": (("ckptdoctor/preflight",), ("tests/test_preflight.py", "tests/test_readsets.py")),
+    "publishing": (("ckptdoctor/publishing",), ("tests/test_publish.py", "tests/test_parts.py",
+                                                "tests/test_reliability.py")),
+    "checks": (("ckptdoctor/checks",), ("tests/test_verify_dcp.py", "tests/test_families.py",
+                                        "tests/test_catalog.py", "tests/test_megatron.py", "tests/test_bite.py",
+                                        "tests/test_wild.py", "tests/test_conformance.py")),
+}
+EQUIVALENTS = os.path.join(ROOT, "MUTATION.md")
+
+
+def sources(groups) -> list[str]:
+    out = []
+    for g in groups:
+        for p in GROUPS[g][0]:
+            full = os.path.join(ROOT, p)
+            if os.path.isdir(full):
+                out += sorted(os.path.join(d, f) for d, _, fs in os.walk(full) for f in fs if f.endswith(".py"))
+            else:
+                out.append(full)
+    return sorted(out)
+
+
+def code_seed(groups) -> int:
+    h = hashlib.sha256()
+    for f in sources(groups):
+        h.update(os.path.relpath(f, ROOT).encode() + b"\0" + open(f, "rb").read())
+    return int(h.hexdigest()[:12], 16)
+
+
+def key_of(module: str, diff: str | None) -> str:
+    """A mutant's identity that survives unrelated edits: its module and the line before/after."""
+    old = [l[1:].strip() for l in (diff or "").splitlines() if l.startswith("-") and not l.startswith("---")]
+    new = [l[1:].strip() for l in (diff or "").splitlines() if l.startswith("+") and not l.startswith("+++")]
+    return f"{module}: {' / '.join(old)} => {' / '.join(new)}"
+
+
+def equivalents(path: str = EQUIVALENTS) -> dict[str, str]:
+    """MUTATION.md's table of equivalent mutants: | `module: old => new` | reason |"""
+    out = {}
+    try:
+        text = open(path).read()
+    except FileNotFoundError:
+        return out
+    for m in re.finditer(r"^\| `(.+?)` \| (.+?) \|$", text, re.M):
+        out[m.group(1)] = m.group(2)
+    return out
+
+
+def _config(work: str, group: str, timeout: float) -> str:
+    mods, tests = GROUPS[group]
+    cmd = " ".join([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests])
+    path = os.path.join(work, f".cr-{group}.toml")
+    with open(path, "w") as fh:
+        fh.write("[cosmic-ray]\n"
+                 f"module-path = {json.dumps(list(mods))}\n"
+                 f"timeout = {timeout}\n"
+                 "excluded-modules = []\n"
+                 f"test-command = {json.dumps(cmd)}\n"
+                 "[cosmic-ray.distributor]\nname = \"local\"\n")
+    return path
+
+
+def _cr(work: str, *args: str) -> None:
+    env = dict(os.environ, PYTHONPATH=work, PYTHONDONTWRITEBYTECODE="1", PYTHONWARNINGS="ignore")
+    env.pop("CKPTDOCTOR_CONFIG", None)
+    subprocess.run([os.path.join(os.path.dirname(sys.executable), "cosmic-ray"), *args], cwd=work, env=env,
+                   check=True, capture_output=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sample", type=int, default=10, help="mutants drawn from all groups (default 10)")
+    ap.add_argument("--all", action="store_true", help="every mutant of the chosen groups (hours: not for CI)")
+    ap.add_argument("--seed", type=int, help="default: a digest of the decision modules' source")
+    ap.add_argument("--group", action="append", choices=sorted(GROUPS), help="only these groups (repeatable)")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per mutant (a hang counts as killed)")
+    ap.add_argument("--record", help="append one JSON line per mutant to this file")
+    a = ap.parse_args()
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
+
+    groups = a.group or sorted(GROUPS)
+    seed = a.seed if a.seed is not None else code_seed(groups)
+    known = equivalents()
+    with tempfile.TemporaryDirectory(prefix="ckd-generated-") as work:
+        copy_tree(work)
+        population = []
+        for g in groups:
+            cfg = _config(work, g, a.timeout)
+            _cr(work, "init", cfg, os.path.join(work, f".cr-{g}.sqlite"))
+            with use_db(os.path.join(work, f".cr-{g}.sqlite"), WorkDB.Mode.open) as db:
+                population += [(g, item.job_id) for item in db.work_items]
+        chosen = set(population) if a.all else set(random.Random(seed).sample(population, min(a.sample,
+                                                                                              len(population))))
+        print(f"generated mutants: {len(chosen)} of {len(population)} drawn (seed {seed}; groups {', '.join(groups)})",
+              flush=True)
+        rows = []
+        for g in groups:
+            db_path = os.path.join(work, f".cr-{g}.sqlite")
+            with use_db(db_path, WorkDB.Mode.open) as db:
+                skip = [item.job_id for item in db.work_items if (g, item.job_id) not in chosen]
+                db.set_multiple_results(skip, WorkResult(worker_outcome=WorkerOutcome.SKIPPED))
+                todo = db.num_work_items - len(skip)
+            if not todo:
+                continue
+            t0 = time.monotonic()
+            _cr(work, "exec", os.path.join(work, f".cr-{g}.toml"), db_path)
+            with use_db(db_path, WorkDB.Mode.open) as db:
+                for item, res in db.completed_work_items:
+                    if res.worker_outcome == WorkerOutcome.SKIPPED:
+                        continue
+                    mut = item.mutations[0]
+                    module = os.path.relpath(os.path.join(work, str(mut.module_path)), work)
+                    key = key_of(module, res.diff)
+                    if res.worker_outcome == WorkerOutcome.ABNORMAL or res.test_outcome in (
+                            TestOutcome.KILLED, TestOutcome.INCOMPETENT):
+                        status = "killed"
+                    elif res.test_outcome == TestOutcome.SURVIVED:
+                        status = "equivalent" if key in known else "SURVIVED"
+                    else:
+                        status = f"ERROR ({res.worker_outcome.value})"
+                    rows.append({"group": g, "status": status, "operator": mut.operator_name,
+                                 "line": mut.start_pos[0], "key": key})
+                    print(f"{status:<10} {module}:{mut.start_pos[0]}  {mut.operator_name}\n"
+                          f"           {key.split(': ', 1)[1]}", flush=True)
+            print(f"  ({g}: {todo} mutants, {time.monotonic() - t0:.0f} s)", flush=True)
+        if a.record:
+            with open(a.record, "a") as fh:
+                for r in rows:
+                    fh.write(json.dumps({"seed": seed, **r}) + "\n")
+        bad = [r for r in rows if r["status"] not in ("killed", "equivalent")]
+        killed = sum(r["status"] == "killed" for r in rows)
+        print(f"generated mutants: {killed} killed, {sum(r['status'] == 'equivalent' for r in rows)} equivalent "
+              f"(MUTATION.md), {len(bad)} not killed, of {len(rows)}")
+        return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
