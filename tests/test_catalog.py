@@ -192,4 +192,19 @@ def test_a_finding_without_its_own_hint_carries_its_rules_fix():
     f = eng.emit("CKD150", Hit("x/ckpt", "no manifest"))
     assert f.hint == catalog()["CKD150"].fix and "ckptdoctor manifest" in f.hint
     g = eng.emit("CKD112", Hit("x/latest", "tracker is empty", hint="write 300 into it"))
-    assert g.hint == "write 300 into it"
+    assert g.hint.startswith("write 300 into it")  # the check's own words first (then its rule's command)
+
+
+@pytest.mark.parametrize("rule_id", sorted(r.id for r in catalog().values() if "`ckptdoctor " in (r.fix or "")))
+def test_a_findings_own_hint_still_names_the_command_its_rule_documents(rule_id):
+    """Issue 41: a check's own hint (naming the file or the step) that names no command carries the
+    command of its rule's fix, so the way from any finding to the fixing command is on the finding."""
+    from ckptdoctor import api
+    from ckptdoctor.engine.finding import Hit
+    eng = api.make_engine("verify", "/x")
+    f = eng.emit(rule_id, Hit(path="/x/f", message="m", hint="resume from an older checkpoint"))
+    fix = catalog()[rule_id].fix
+    cmd = fix[fix.index("`ckptdoctor "):].split("`")[1]
+    assert f.hint.startswith("resume from an older checkpoint (") and f"`{cmd}`" in f.hint, f.hint
+    own = eng.emit(rule_id, Hit(path="/x/g", message="m", hint="run `ckptdoctor publish` again"))
+    assert own.hint == "run `ckptdoctor publish` again"

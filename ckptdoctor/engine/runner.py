@@ -59,8 +59,8 @@ class Engine:
         shown = self.selection.enabled_rule(rule_id)
         f = Finding(rule=rule_id, name=rule.name, severity=self.selection.severity.get(rule_id) or judged,
                     path=hit.path, message=hit.message, details=hit.details,
-                    hint=hit.hint or rule.fix,   # every finding says what fixes it (the rule's own fix
-                    judged=judged,               # where the check gave no hint of its own: issue 41)
+                    hint=with_command(hit.hint, rule.fix),   # every finding says what fixes it, and
+                    judged=judged,                           # with which command (issue 41)
                     hidden=not shown, unverified=rule.unverified)
         if self.acknowledge and rule_id != "CKD903":
             self._acknowledged(f)
@@ -119,3 +119,17 @@ class Engine:
                 if f:
                     added.append(f)
         return added
+
+
+def with_command(hint: str | None, fix: str | None) -> str | None:
+    """A finding's hint: the check's own (it names the file, the step), or the rule's documented fix
+    where the check gave none.  A check's hint that names no command gets the clause of the rule's
+    fix that does (`ckptdoctor verify --fix RUN_ROOT` ...), so a user goes from any finding to the
+    command that fixes it without the README."""
+    if not hint:
+        return fix
+    if not fix or "ckptdoctor " in hint or "`ckptdoctor " not in fix:
+        return hint
+    i = fix.index("`ckptdoctor ")
+    ends = [e for e in (fix.find(")", i), fix.find(". ", i)) if e != -1]
+    return f"{hint.rstrip('. ')} ({fix[i:min(ends) if ends else len(fix)].rstrip('. ')})"
