@@ -1,6 +1,6 @@
 """Issue 42: ckptdoctor where checkpoints really live -- storage whose metadata calls are round trips.
 
-    .venv/bin/python benchmarks/latency_bench.py [posix|fuse|s3|preflight|all] [--shards 4096] [--delay-ms 2]
+    .venv/bin/python benchmarks/latency_bench.py [posix|fuse|s3|preflight|prune|all] [--shards 4096] [--delay-ms 2]
 
 posix: a run root of 3 checkpoints x N shards (Megatron torch_dist layout, written by the torch-free
   DCP writer) behind benchmarks/latency/delayed.py (each stat/open/readdir sleeps --delay-ms, calls
@@ -173,11 +173,38 @@ def s3(shards: int, delay_ms: float) -> None:
         srv.stop()
 
 
+def prune(shards: int, delay_ms: float) -> None:
+    """prune --keep-last 1 of 3 checkpoints: two checkpoints' files removed, against rm -rf of the
+    same two directories through the same layer (each run on a fresh copy of the run root)."""
+    d = tempfile.mkdtemp(prefix="ckd-lat-prune-")
+    try:
+        res = {}
+        for name, args, env in (
+                ("rm -rf of the two checkpoints (serial)", ["--plain-rm", "--"], None),
+                ("ckptdoctor prune --keep-last 1, serial (CKPTDOCTOR_IO_THREADS=1)", ["--", "prune", "-q",
+                                                                                       "--keep-last", "1"],
+                 {"CKPTDOCTOR_IO_THREADS": "1"}),
+                ("ckptdoctor prune --keep-last 1, default", ["--", "prune", "-q", "--keep-last", "1"], None)):
+            root = os.path.join(d, "run")
+            files = build_run_root(root, 3, shards)
+            tail = [f"{root}/iter_0000100", f"{root}/iter_0000200"] if args[0] == "--plain-rm" else [root]
+            res[name] = layered([*args, *tail], delay_ms, files, env=env, runs=1)
+            assert not os.path.exists(f"{root}/iter_0000100") and os.path.exists(f"{root}/iter_0000300"), name
+            shutil.rmtree(root)
+        print(f"\n### prune: 3 checkpoints x {shards} shards, keep the newest, {delay_ms} ms per metadata call\n")
+        print("| command | wall s | | max in flight | operations | per file |")
+        print("|---|---|---|---|---|---|")
+        for k, r in res.items():
+            print(row(k, r, None) + f" rc {r['rc']}")
+    finally:
+        shutil.rmtree(d)
+
+
 def main() -> None:
     args = sys.argv[1:]
     shards = int(args[args.index("--shards") + 1]) if "--shards" in args else 4096
     delay = float(args[args.index("--delay-ms") + 1]) if "--delay-ms" in args else None
-    which = next((a for a in args if a in ("posix", "fuse", "s3", "preflight", "all")), "all")
+    which = next((a for a in args if a in ("posix", "fuse", "s3", "preflight", "prune", "all")), "all")
     if which in ("posix", "all"):
         posix(shards, delay if delay is not None else 2.0)
     if which in ("fuse", "all"):
@@ -186,6 +213,8 @@ def main() -> None:
         s3(shards, delay if delay is not None else 20.0)
     if which in ("preflight", "all"):
         preflight(delay if delay is not None else 2.0)
+    if which in ("prune", "all"):
+        prune(shards, delay if delay is not None else 2.0)
 
 
 def build_node_views(root: str, nodes: int, per_node: int) -> tuple[str, int]:

@@ -208,3 +208,24 @@ def test_a_findings_own_hint_still_names_the_command_its_rule_documents(rule_id)
     assert f.hint.startswith("resume from an older checkpoint (") and f"`{cmd}`" in f.hint, f.hint
     own = eng.emit(rule_id, Hit(path="/x/g", message="m", hint="run `ckptdoctor publish` again"))
     assert own.hint == "run `ckptdoctor publish` again"
+
+
+def test_every_equivalent_mutant_listed_in_mutation_md_still_names_a_line_of_its_module():
+    """A survivor listed as equivalent excuses exactly one generated mutant: the entry names its
+    module and the line as it stands (an entry whose line is gone would excuse nothing, or the
+    wrong thing after an edit), with a reason."""
+    import importlib.util
+    import sys
+    root = TESTS.parent
+    spec = importlib.util.spec_from_file_location("ckd_generated_mutants", root / "scripts" / "generated_mutants.py")
+    gm = importlib.util.module_from_spec(spec)
+    sys.modules["ckd_generated_mutants"] = gm
+    spec.loader.exec_module(gm)
+    listed = gm.equivalents()
+    assert listed, "MUTATION.md lists no equivalent mutant (or its table no longer parses)"
+    for key, why in listed.items():
+        module, _, change = key.partition(": ")
+        old = change.split(" => ")[0]
+        assert why.strip() and (root / module).is_file(), key
+        lines = [ln.strip() for ln in (root / module).read_text().splitlines()]
+        assert all(part in lines for part in old.split(" / ")), f"{module}: no line {old!r}"

@@ -239,3 +239,22 @@ def test_preflight_quick_data_check_catches_a_same_size_retokenization(run):
     shard.write_bytes(os.urandom(shard.stat().st_size))
     rc, out, err = cli("preflight", str(run), "--nodelist", "n1", "--ranks-per-node", "1", "-f", "json")
     assert rc == 1 and "CKD512" in {f["rule"] for f in json.loads(out)["findings"]}, err
+
+
+def test_a_recipe_change_is_shown_as_a_diff_up_to_64_kib_and_named_beyond(tmp_path):
+    """The contract keeps a recipe's text only up to 64 KiB (the contract stays small): a change to
+    a 64 KiB recipe is shown line by line; one byte more and the change is still caught, by digest,
+    without a diff."""
+    for size, diffed in ((64 << 10, True), ((64 << 10) + 1, False)):
+        root = tmp_path / f"run{size}"
+        megatron(root)
+        recipe = tmp_path / f"recipe{size}.yaml"
+        head = "lr: 0.001\n"
+        recipe.write_text(head + "#" * (size - len(head) - 1) + "\n")
+        assert recipe.stat().st_size == size
+        rc, out, err = cli("contract", "init", str(root), "--recipe", str(recipe))
+        assert rc == 0, err
+        recipe.write_text("lr: 0.002\n" + "#" * (size - len(head) - 1) + "\n")
+        rc, doc, err = check(root)
+        hit = [f for f in doc["findings"] if f["rule"] == "CKD513"][0]
+        assert (hit["details"].get("diff") or []) == (["-lr: 0.001", "+lr: 0.002"] if diffed else []), size

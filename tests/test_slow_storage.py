@@ -320,3 +320,31 @@ def test_cached_views_are_computed_once_per_instance_without_a_shared_lock(tmp_p
     assert set(out) == {"a", "b"} and sorted(listed) == ["a", "b"]
     views[0].entries
     assert sorted(listed) == ["a", "b"]
+
+
+def test_prune_removes_a_checkpoints_files_together_on_slow_storage(fresh_io, monkeypatch, tmp_path):
+    """Where an unlink is a round trip, a pruned checkpoint's shards are unlinked several at once
+    (a barrier that opens only with 4 unlinks in flight; serial removal times it out and fails),
+    and the removal is whole: nested directories gone, a symlink removed and its target kept."""
+    victim = tmp_path / "trash"
+    (victim / "sub").mkdir(parents=True)
+    for i in range(40):
+        (victim / f"__{i}_0.distcp").write_bytes(b"x")
+    (victim / "sub" / "common.pt").write_bytes(b"y")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_bytes(b"k")
+    os.symlink(outside, victim / "link")
+    fn, inside = _slow_then_together(4, fs.PROBE_CALLS)
+    real_unlink, calls, order = os.unlink, [], iter(range(10 ** 6))
+
+    def unlink(p, *a, **k):
+        i = next(order)   # the order calls arrive in (next() on a range iterator is atomic under the GIL)
+        if i < fs.PROBE_CALLS + 24:
+            fn(i)   # the probe, then 6 rounds of 4 at the barrier; the last 2 need no partner
+        calls.append(p)
+        return real_unlink(p, *a, **k)
+    monkeypatch.setattr(os, "unlink", unlink)
+    fs.remove_tree(str(victim))
+    assert not victim.exists() and (outside / "keep").read_bytes() == b"k"
+    assert inside["max"] >= 4 and len(calls) == 42

@@ -4,7 +4,8 @@
     python benchmarks/latency/delayed.py --delay-ms 2 --stats out.json --plain-find --threads 32 -- ROOT
 
 The layer wraps the calls a metadata server answers (os.stat, os.lstat, os.scandir and each
-DirEntry.stat it yields, os.listdir, os.open, os.access, os.readlink) so that each sleeps
+DirEntry.stat it yields, os.listdir, os.open, os.access, os.readlink, os.unlink, os.rmdir,
+os.rename) so that each sleeps
 `--delay-ms` before doing the real call.  time.sleep releases the GIL, so calls made from several
 threads are answered concurrently, as a parallel filesystem's metadata servers answer concurrent
 requests.  It is the same code path ckptdoctor takes on a local disk; only the cost per call is
@@ -31,7 +32,8 @@ import sys
 import threading
 import time
 
-_real = {n: getattr(os, n) for n in ("stat", "lstat", "scandir", "listdir", "open", "access", "readlink")}
+_real = {n: getattr(os, n) for n in ("stat", "lstat", "scandir", "listdir", "open", "access", "readlink", "unlink",
+                                     "rmdir", "rename")}
 _lock = threading.Lock()
 state = {"ops": {}, "in_flight": 0, "max_in_flight": 0, "delay": 0.0}
 
@@ -102,6 +104,9 @@ def install(delay_s: float) -> None:
     os.open = wrap("open", _real["open"])
     os.access = wrap("access", _real["access"])
     os.readlink = wrap("readlink", _real["readlink"])
+    os.unlink = wrap("unlink", _real["unlink"])
+    os.rmdir = wrap("rmdir", _real["rmdir"])
+    os.rename = wrap("rename", _real["rename"])
 
     def scandir(*a, **k):
         _charge("listdir")
@@ -132,6 +137,7 @@ def main() -> int:
     ap.add_argument("--stats")
     ap.add_argument("--plain-find", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--plain-rm", action="store_true", help="rm -rf ARGS (shutil.rmtree: one unlink after another)")
     ap.add_argument("--files", type=int, default=0, help="files in the tree, for operations per file")
     ap.add_argument("args", nargs="*")
     a = ap.parse_args()
@@ -141,6 +147,10 @@ def main() -> int:
     try:
         if a.plain_find:
             plain_find(a.args[0], a.threads)
+        elif a.plain_rm:
+            import shutil
+            for p in a.args:
+                shutil.rmtree(p)
         else:
             sys.argv = ["ckptdoctor", *a.args]
             from ckptdoctor.__main__ import run

@@ -212,6 +212,28 @@ def map_io(fn, items, cleanup=None, slow_s: float = SLOW_CALL_S):
                 raise
 
 
+def remove_tree(path: str) -> None:
+    """shutil.rmtree with the unlinks issued together where each is a round trip (map_io: serial on
+    a local disk, where an unlink costs ~10 us; concurrent on Lustre/NFS, where a 4,096-shard
+    checkpoint at 2 ms per unlink took 8 s one after another).  Symlinks are removed, never
+    followed; directories go bottom-up once empty.  Raises the first error other than a name that is
+    already gone."""
+    files, dirs = [], []
+    for d, subdirs, names in os.walk(path, followlinks=False):
+        dirs.append(d)
+        files += [os.path.join(d, n) for n in names]
+        links = [n for n in subdirs if os.path.islink(os.path.join(d, n))]   # walk lists them, never enters
+        files += [os.path.join(d, n) for n in links]
+    for res in map_io(os.unlink, files):
+        if isinstance(res, BaseException) and not isinstance(res, FileNotFoundError):
+            raise res
+    for d in reversed(dirs):
+        try:
+            os.rmdir(d)
+        except FileNotFoundError:
+            pass
+
+
 def _calls(fn, items):
     return [_call(fn, item) for item in items]
 

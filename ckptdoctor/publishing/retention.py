@@ -13,6 +13,7 @@ import shutil
 from ..values import value, field
 
 from ..io.atomic import fsync_dir
+from ..io.fs import remove_tree
 from ..layouts.spec import Layout
 from . import faults, naming
 
@@ -89,12 +90,12 @@ def prune(root: str, names: list[str]) -> None:
         for e in entries:  # leftovers of dead publishes of a pruned checkpoint go with it
             own = naming.parse_own(e)
             if own and own["name"] == name and _dead_publish(e):
-                shutil.rmtree(os.path.join(root, e), ignore_errors=True)
+                shutil.rmtree(os.path.join(root, e), ignore_errors=True)  # a dead publish's few temps
         trash = os.path.join(root, naming.trash_name(name))
         os.rename(os.path.join(root, name), trash)
         fsync_dir(root)
         faults.point("prune")
-        shutil.rmtree(trash)
+        remove_tree(trash)   # a checkpoint's thousands of shards: unlinks together on a networked filesystem
     if names:
         fsync_dir(root)
 
