@@ -63,6 +63,14 @@ def row(name: str, r: dict, base: float | None) -> str:
     return f"| {name} | {r['wall_s']:.2f} | {ratio} | {r['max_in_flight']} | {ops} | {per} |"
 
 
+def table(title: str, res: dict) -> None:
+    print(f"\n### {title}\n")
+    print("| command | wall s | | max in flight | operations | per file |")
+    print("|---|---|---|---|---|---|")
+    for k, r in res.items():
+        print(row(k, r, None) + f" rc {r['rc']}")
+
+
 def posix(shards: int, delay_ms: float) -> None:
     d = tempfile.mkdtemp(prefix="ckd-lat-")
     try:
@@ -191,11 +199,7 @@ def prune(shards: int, delay_ms: float) -> None:
             res[name] = layered([*args, *tail], delay_ms, files, env=env, runs=1)
             assert not os.path.exists(f"{root}/iter_0000100") and os.path.exists(f"{root}/iter_0000300"), name
             shutil.rmtree(root)
-        print(f"\n### prune: 3 checkpoints x {shards} shards, keep the newest, {delay_ms} ms per metadata call\n")
-        print("| command | wall s | | max in flight | operations | per file |")
-        print("|---|---|---|---|---|---|")
-        for k, r in res.items():
-            print(row(k, r, None) + f" rc {r['rc']}")
+        table(f"prune: 3 checkpoints x {shards} shards, keep the newest, {delay_ms} ms per metadata call", res)
     finally:
         shutil.rmtree(d)
 
@@ -249,12 +253,7 @@ def preflight(delay_ms: float, nodes: int = 512, per_node: int = 8) -> None:
                layered(args, delay_ms, files, env={"CKPTDOCTOR_IO_THREADS": "1"}, runs=1),
                "ckptdoctor preflight, default": layered(args, delay_ms, files),
                "ckptdoctor preflight, no delay": layered(args, 0.0, files)}
-        print(f"\n### preflight: {nodes} node views x {per_node} ranks ({files} files), "
-              f"{delay_ms} ms per metadata call\n")
-        print("| command | wall s | | max in flight | operations | per file |")
-        print("|---|---|---|---|---|---|")
-        for k, r in res.items():
-            print(row(k, r, None) + f" rc {r['rc']}")
+        table(f"preflight: {nodes} node views x {per_node} ranks ({files} files), {delay_ms} ms per metadata call", res)
     finally:
         shutil.rmtree(d)
 
