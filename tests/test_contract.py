@@ -258,3 +258,27 @@ def test_a_recipe_change_is_shown_as_a_diff_up_to_64_kib_and_named_beyond(tmp_pa
         rc, doc, err = check(root)
         hit = [f for f in doc["findings"] if f["rule"] == "CKD513"][0]
         assert (hit["details"].get("diff") or []) == (["-lr: 0.001", "+lr: 0.002"] if diffed else []), size
+
+
+def test_a_contract_written_by_an_earlier_version_still_sees_an_edit_or_a_new_file(run):
+    """Contracts written before scheme 2 recorded the code as a hash of `git diff HEAD` plus the
+    untracked files; checked today they are compared the same way, so an edited tracked file alone,
+    or a new untracked file alone, is a code change (CKD511) -- either one, not only both."""
+    from ckptdoctor.contract import code_state, phase_digest
+    code = run.parent / "code"
+    doc = json.loads((run / "ckptdoctor.contract.json").read_text())
+    phase = {k: v for k, v in doc["phases"][0].items() if k != "digest"}
+    phase["code"] = code_state(str(code), scheme=1)          # what that version wrote (and sealed)
+    assert "scheme" not in phase["code"] and phase["code"]["uncommitted"] is None
+    doc["phases"][0] = {**phase, "digest": phase_digest(phase)}
+    (run / "ckptdoctor.contract.json").write_text(json.dumps(doc))
+    rc, got, err = check(run)
+    assert rc == 0, [f["message"] for f in got["findings"]]
+    (code / "train.py").write_text("print('train, edited')\n")          # an edit, no new file
+    rc, got, _ = check(run)
+    assert rc == 1 and changes(got) == [("CKD511", "code", "changed")]
+    subprocess.run([*GIT, "-C", str(code), "checkout", "-q", "--", "train.py"], check=True)
+    assert check(run)[0] == 0
+    (code / "helper.py").write_text("x = 1\n")                         # a new file, no edit
+    rc, got, _ = check(run)
+    assert rc == 1 and changes(got) == [("CKD511", "code", "changed")]
