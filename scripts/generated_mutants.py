@@ -77,6 +77,39 @@ def key_of(module: str, diff: str | None) -> str:
     return f"{module}: {' / '.join(old)} => {' / '.join(new)}"
 
 
+def _without_function_annotations(tree):
+    import ast
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.returns = None
+            a = node.args
+            for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs, *([a.vararg] if a.vararg else []),
+                        *([a.kwarg] if a.kwarg else [])]:
+                arg.annotation = None
+    return tree
+
+
+def annotation_only(source: str, line: int, diff: str | None) -> bool:
+    """The mutant changes nothing but a function's annotations, in a module with `from __future__
+    import annotations` (they stay strings, never evaluated): equivalent by construction.  Judged
+    on the ASTs: the module with the mutated line, its function annotations removed, equals the
+    original with its own removed."""
+    import ast
+    if "from __future__ import annotations" not in source:
+        return False
+    old = [l[1:] for l in (diff or "").splitlines() if l.startswith("-") and not l.startswith("---")]
+    new = [l[1:] for l in (diff or "").splitlines() if l.startswith("+") and not l.startswith("+++")]
+    lines = source.splitlines()
+    if len(old) != 1 or len(new) != 1 or not 0 < line <= len(lines) or lines[line - 1] != old[0]:
+        return False
+    mutated = "\n".join([*lines[:line - 1], new[0], *lines[line:]])
+    try:
+        return ast.dump(_without_function_annotations(ast.parse(source))) == \
+            ast.dump(_without_function_annotations(ast.parse(mutated)))
+    except SyntaxError:
+        return False
+
+
 def equivalents(path: str = EQUIVALENTS) -> dict[str, str]:
     """MUTATION.md's table of equivalent mutants: | `module: old => new` | reason |"""
     out = {}
@@ -165,7 +198,9 @@ def main() -> int:
                             TestOutcome.KILLED, TestOutcome.INCOMPETENT):
                         status = "killed"
                     elif res.test_outcome == TestOutcome.SURVIVED:
-                        status = "equivalent" if key in known else "SURVIVED"
+                        src = open(os.path.join(work, module)).read()
+                        status = "equivalent" if key in known or annotation_only(src, mut.start_pos[0], res.diff) \
+                            else "SURVIVED"
                     else:
                         status = f"ERROR ({res.worker_outcome.value})"
                     rows.append({"group": g, "status": status, "operator": mut.operator_name,

@@ -229,3 +229,23 @@ def test_every_equivalent_mutant_listed_in_mutation_md_still_names_a_line_of_its
         assert why.strip() and (root / module).is_file(), key
         lines = [ln.strip() for ln in (root / module).read_text().splitlines()]
         assert all(part in lines for part in old.split(" / ")), f"{module}: no line {old!r}"
+
+
+def test_a_generated_mutant_that_only_changes_a_function_annotation_is_equivalent_and_nothing_else_is():
+    """Under `from __future__ import annotations` a function's annotations are strings never
+    evaluated: such a survivor is excused by construction (ASTs compared), and a mutant that changes
+    a name or a value on the same kind of line is not."""
+    import importlib.util
+    import sys
+    root = TESTS.parent
+    spec = importlib.util.spec_from_file_location("ckd_generated_mutants2", root / "scripts" / "generated_mutants.py")
+    gm = importlib.util.module_from_spec(spec)
+    sys.modules["ckd_generated_mutants2"] = gm
+    spec.loader.exec_module(gm)
+    src = "from __future__ import annotations\nLIMIT = 64 << 10\ndef f(x: int | None) -> int | None:\n    return x\n"
+    assert gm.annotation_only(src, 3, "-def f(x: int | None) -> int | None:\n+def f(x: int << None) -> int | None:\n")
+    assert gm.annotation_only(src, 3, "-def f(x: int | None) -> int | None:\n+def f(x: int | None) -> int ** None:\n")
+    assert not gm.annotation_only(src, 3, "-def f(x: int | None) -> int | None:\n+def g(x: int | None) -> int | None:\n")
+    assert not gm.annotation_only(src, 2, "-LIMIT = 64 << 10\n+LIMIT = 65 << 10\n")
+    evaluated = src.replace("from __future__ import annotations\n", "")   # annotations evaluated at def time
+    assert not gm.annotation_only(evaluated, 2, "-def f(x: int | None) -> int | None:\n+def f(x: int << None) -> int | None:\n")
