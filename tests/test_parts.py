@@ -586,3 +586,21 @@ def test_a_rerun_withdraws_its_old_record_and_unplaces_a_file_gone_from_its_sour
     assert rc == 0 and json.loads(out)["facts"]["published"]["status"] == "committed", err
     assert not (dest / NAME / "extra.bin").exists()
     assert_committed(dest, full)
+
+
+def test_a_killed_committer_that_is_not_yet_reaped_counts_as_gone():
+    """A SIGKILLed process stays a zombie until its parent waits for it; to a waiting part it is
+    dead (else the part would wait out --timeout for an after-commit that can never come)."""
+    from ckptdoctor.publishing import naming
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        start = naming.start_time(p.pid)
+        assert naming.pid_alive(p.pid, start)
+        p.kill()
+        end = time.monotonic() + 10
+        while naming.start_time(p.pid) is not None and open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < end
+            time.sleep(0.01)
+        assert not naming.pid_alive(p.pid, start) and not naming.pid_alive(p.pid)   # a zombie, not reaped yet
+    finally:
+        p.wait()

@@ -113,14 +113,23 @@ def parse_parts(dirname: str) -> dict | None:
 
 
 def pid_alive(pid: int, start: str | None = None) -> bool:
-    """Is that process (pid, and start time when recorded) still running on this host?"""
+    """Is that process (pid, and start time when recorded) still running on this host?  A zombie
+    is not: a committer SIGKILLed after its rename stays one until its parent reaps it, and a part
+    waiting for its after-commit would otherwise wait out --timeout (seen in CI)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass
-    return start is None or start_time(pid) in (None, start)
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        if fields[0] in (b"Z", b"X"):
+            return False
+        return start is None or fields[19].decode() == start
+    except (OSError, IndexError):
+        return True   # no /proc: kill(2) answered, and it cannot tell a reused pid
 
 
 def owner_alive(own: dict) -> bool:
