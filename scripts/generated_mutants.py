@@ -158,20 +158,23 @@ def main() -> int:
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
 
     groups = a.group or sorted(GROUPS)
-    seed = a.seed if a.seed is not None else code_seed(groups)
+    # a sample is always drawn from every group's mutants with the seed of all their source, so
+    # `--group G` runs exactly the part of CI's draw that falls in G; --all takes the groups named
+    drawn_from = groups if a.all else sorted(GROUPS)
+    seed = a.seed if a.seed is not None else code_seed(sorted(GROUPS))
     known = equivalents()
     with tempfile.TemporaryDirectory(prefix="ckd-generated-") as work:
         copy_tree(work)
         population = []
-        for g in groups:
+        for g in drawn_from:
             cfg = _config(work, g, a.timeout)
             _cr(work, "init", cfg, os.path.join(work, f".cr-{g}.sqlite"))
             with use_db(os.path.join(work, f".cr-{g}.sqlite"), WorkDB.Mode.open) as db:
                 population += [(g, item.job_id) for item in db.work_items]
         chosen = set(population) if a.all else set(random.Random(seed).sample(population, min(a.sample,
                                                                                               len(population))))
-        print(f"generated mutants: {len(chosen)} of {len(population)} drawn (seed {seed}; groups {', '.join(groups)})",
-              flush=True)
+        print(f"generated mutants: {len(chosen)} of {len(population)} drawn (seed {seed}); running those in "
+              f"{', '.join(groups)}: {sum(g in groups for g, _ in chosen)}", flush=True)
         rows = []
         started = time.monotonic()
         for g in groups:

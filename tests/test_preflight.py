@@ -576,3 +576,22 @@ def test_allow_fresh_never_passes_a_mixed_allocation_in_either_mode(four, tmp_pa
         about_n2 = [f["rule"] for f in doc["findings"] if f["details"].get("node") == "n2" and
                     f["rule"] in ("CKD407", "CKD409")]
         assert rc == 1 and len(about_n2) == 1, (extra, doc["findings"])
+
+
+def test_after_a_world_size_change_each_rank_is_charged_its_share_of_a_chunk_it_overlaps(tmp_path):
+    """The host-memory estimate (CKD410) after resharding: a tensor of 8 rows saved by 2 ranks
+    (4 rows each) and loaded by 4 reads 2 rows per new rank, so each is charged half of one saved
+    chunk's bytes -- not the whole chunk, and never more than it."""
+    from ckptdoctor.layouts import dcp as D
+    from ckptdoctor.layouts import dcp_writer as W
+    from ckptdoctor.preflight import readsets
+    W.write(str(tmp_path), [W.Item("w", (8, 4), (r * 4, 0), (4, 4), [1.0] * 16, rank=r) for r in range(2)])
+    md = D.parse((tmp_path / ".metadata").read_bytes())
+    listed = {p.name for p in tmp_path.iterdir()}
+    rs = readsets.plan(md, 4, listed)
+    assert rs.resharded and rs.saved_world == 2
+    length = {s.relative_path: s.length for s in md.storage}
+    assert {r: sorted(rs.by_rank[r]) for r in range(4)} == {0: ["__0_0.distcp"], 1: ["__0_0.distcp"],
+                                                             2: ["__1_0.distcp"], 3: ["__1_0.distcp"]}
+    assert rs.bytes_by_rank == {0: length["__0_0.distcp"] // 2, 1: length["__0_0.distcp"] // 2,
+                                2: length["__1_0.distcp"] // 2, 3: length["__1_0.distcp"] // 2}
