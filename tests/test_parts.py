@@ -403,6 +403,9 @@ def _elect_after(barrier, root, k, out):
     st = P.LocalParts(root, NAME, P.PartSpec.parse(f"{k}/4", "job5"))
     barrier.wait()
     out.put(st.elect())
+    # every contender stays alive until all have decided: a winner that had already exited (a
+    # zombie, which counts as dead) would rightly be taken over, which is not the race tested here
+    barrier.wait()
 
 
 def test_a_dead_committer_is_taken_over_by_exactly_one_part(tmp_path):
