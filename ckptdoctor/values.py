@@ -19,7 +19,6 @@ refused rather than half-done: ClassVar/InitVar annotations, a mutable default (
 """
 from __future__ import annotations
 
-import sys
 
 _MISSING = object()
 SEEN: list[str] = []   # every generated source this process built (scripts/gen_docs.py ships them)

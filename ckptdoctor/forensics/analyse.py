@@ -29,7 +29,6 @@ from __future__ import annotations
 import datetime as _dt
 import errno as _errno
 import functools
-import os
 import re
 
 from ..values import field, value

@@ -71,14 +71,22 @@ def check_name(name: str) -> None:
                          f"checkpoint there would replace it")
 
 
+def _proc_stat(pid: int) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the command name (state first, start time at 19), or
+    None where there is no such process or no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields if len(fields) > 19 else None
+
+
 def start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (/proc), which tells a live process from
     a new one that reused its pid."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        return None
+    fields = _proc_stat(pid)
+    return fields[19].decode() if fields else None
 
 
 _START = start_time(os.getpid()) or "0"
@@ -122,14 +130,12 @@ def pid_alive(pid: int, start: str | None = None) -> bool:
         return False
     except PermissionError:
         pass
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()
-        if fields[0] in (b"Z", b"X"):
-            return False
-        return start is None or fields[19].decode() == start
-    except (OSError, IndexError):
+    fields = _proc_stat(pid)
+    if fields is None:
         return True   # no /proc: kill(2) answered, and it cannot tell a reused pid
+    if fields[0] in (b"Z", b"X"):
+        return False
+    return start is None or fields[19].decode() == start
 
 
 def owner_alive(own: dict) -> bool:

@@ -58,6 +58,10 @@ class LocalParts:
         self.dir = os.path.join(root, staging_name(name, spec.publish_id))
         self.tree = os.path.join(self.dir, name)
         self.final = os.path.join(root, name)
+        self._init_state()
+
+    def _init_state(self) -> None:
+        """What a part knows of the protocol's run, the same on every store."""
         self.committed_by: int | None = None
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
@@ -75,6 +79,9 @@ class LocalParts:
                 os.makedirs(os.path.join(self.dir, d), exist_ok=True)
         except PermissionError:
             raise InputError(f"{self.root}: destination not writable (permission denied)") from None
+        self._start_heartbeat()
+
+    def _start_heartbeat(self) -> None:
         self.heartbeat()
         self._beat = threading.Thread(target=self._beat_loop, name="ckd-part-heartbeat", daemon=True)
         self._beat.start()
@@ -96,9 +103,12 @@ class LocalParts:
         # clock, never a comparison of two hosts' clocks or of an object store's timestamps)
         return f"{naming.HOST} {os.getpid()} {self._beats}\n"
 
+    def _staging_exists(self) -> bool:
+        return os.path.isdir(self.dir)
+
     def _beat_loop(self) -> None:
         while not self._stop.wait(HEARTBEAT_SECONDS):
-            if os.path.isdir(self.dir):
+            if self._staging_exists():
                 self.heartbeat()
 
     # -- the committed checkpoint ------------------------------------------------------------

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 
 from ...layouts import manifest as mf
 from .. import faults, naming
 from ..copier import ChunkDigests, Copied, upload_file
-from .local import HEARTBEAT_SECONDS, LocalParts, hash_file, staging_name
+from .local import LocalParts, hash_file, staging_name
 from .records import FileRecord, PartRecord, PartSpec, PartTaken
 
 
@@ -26,11 +25,7 @@ class ObjectParts(LocalParts):
         self.root, self.name, self.spec = root.rstrip("/"), name, spec
         self.dir = f"{self.root}/{staging_name(name, spec.publish_id)}"
         self.final = self.tree = f"{self.root}/{name}"
-        self.committed_by = None
-        self._stop = threading.Event()
-        self._beat = None
-        self._beats = 0
-        self._seen = (None, 0.0)
+        self._init_state()
 
     def _cat(self, path: str, limit: int) -> bytes:
         return self.fs.cat_file(path, start=0, end=limit)
@@ -41,9 +36,7 @@ class ObjectParts(LocalParts):
     def open(self) -> None:
         self.fs.pipe_file(f"{self.final}/{naming.in_progress_object()}",
                           json.dumps({"publish_id": self.spec.publish_id, "host": naming.HOST}).encode())
-        self.heartbeat()
-        self._beat = threading.Thread(target=self._beat_loop, name="ckd-part-heartbeat", daemon=True)
-        self._beat.start()
+        self._start_heartbeat()
 
     def heartbeat(self) -> None:
         self._beats += 1
@@ -52,9 +45,8 @@ class ObjectParts(LocalParts):
         except Exception:  # noqa: BLE001 - a missed heartbeat only makes the staging look older
             pass
 
-    def _beat_loop(self) -> None:
-        while not self._stop.wait(HEARTBEAT_SECONDS):
-            self.heartbeat()
+    def _staging_exists(self) -> bool:
+        return True   # a prefix has no existence of its own to test; close() stops the beats
 
     def committed_id(self) -> str | None:
         try:
