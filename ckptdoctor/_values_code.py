@@ -1616,6 +1616,30 @@ def f_eddd70e3(_Frozen, _cls, _d_files, _names, _set):
       super(_cls, self).__delattr__(name)
     return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__, '__hash__': __hash__, '__setattr__': __setattr__, '__delattr__': __delattr__}
 
+def f_f41f7249(_Frozen, _cls, _d_kind, _names, _set):
+    "def __init__(self, pattern, format, kind=_d_kind):\n  _set(self, 'pattern', pattern)\n  _set(self, 'format', format)\n  _set(self, 'kind', kind)\ndef __repr__(self):\n  return self.__class__.__qualname__ + f'(pattern={self.pattern!r}, format={self.format!r}, kind={self.kind!r})'\ndef __eq__(self, other):\n  if other.__class__ is self.__class__:\n    return (self.pattern,self.format,self.kind,) == (other.pattern,other.format,other.kind,)\n  return NotImplemented\ndef __hash__(self):\n  return hash((self.pattern,self.format,self.kind,))\ndef __setattr__(self, name, value):\n  if type(self) is _cls or name in _names:\n    raise _Frozen(f'cannot assign to field {name!r}')\n  super(_cls, self).__setattr__(name, value)\ndef __delattr__(self, name):\n  if type(self) is _cls or name in _names:\n    raise _Frozen(f'cannot delete field {name!r}')\n  super(_cls, self).__delattr__(name)"
+    def __init__(self, pattern, format, kind=_d_kind):
+      _set(self, 'pattern', pattern)
+      _set(self, 'format', format)
+      _set(self, 'kind', kind)
+    def __repr__(self):
+      return self.__class__.__qualname__ + f'(pattern={self.pattern!r}, format={self.format!r}, kind={self.kind!r})'
+    def __eq__(self, other):
+      if other.__class__ is self.__class__:
+        return (self.pattern,self.format,self.kind,) == (other.pattern,other.format,other.kind,)
+      return NotImplemented
+    def __hash__(self):
+      return hash((self.pattern,self.format,self.kind,))
+    def __setattr__(self, name, value):
+      if type(self) is _cls or name in _names:
+        raise _Frozen(f'cannot assign to field {name!r}')
+      super(_cls, self).__setattr__(name, value)
+    def __delattr__(self, name):
+      if type(self) is _cls or name in _names:
+        raise _Frozen(f'cannot delete field {name!r}')
+      super(_cls, self).__delattr__(name)
+    return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__, '__hash__': __hash__, '__setattr__': __setattr__, '__delattr__': __delattr__}
+
 def f_f600c419(_Frozen, _MISSING, _cls, _d_checkpoint_layouts, _d_child_files, _d_claims, _d_description, _d_detect_dirs, _d_detect_files, _d_markers, _d_names, _d_optional_archives, _d_quarantine, _d_reader, _d_reads, _d_required, _d_resume, _d_resume_markers, _d_staging, _d_steps, _d_temp, _d_tracker, _f_extra, _names, _set):
     "def __init__(self, name, family, title, scope, priority, detect_files=_d_detect_files, detect_dirs=_d_detect_dirs, claims=_d_claims, names=_d_names, child_files=_d_child_files, markers=_d_markers, temp=_d_temp, reader=_d_reader, required=_d_required, optional_archives=_d_optional_archives, steps=_d_steps, tracker=_d_tracker, staging=_d_staging, quarantine=_d_quarantine, resume=_d_resume, resume_markers=_d_resume_markers, checkpoint_layouts=_d_checkpoint_layouts, reads=_d_reads, extra=_MISSING, description=_d_description):\n  _set(self, 'name', name)\n  _set(self, 'family', family)\n  _set(self, 'title', title)\n  _set(self, 'scope', scope)\n  _set(self, 'priority', priority)\n  _set(self, 'detect_files', detect_files)\n  _set(self, 'detect_dirs', detect_dirs)\n  _set(self, 'claims', claims)\n  _set(self, 'names', names)\n  _set(self, 'child_files', child_files)\n  _set(self, 'markers', markers)\n  _set(self, 'temp', temp)\n  _set(self, 'reader', reader)\n  _set(self, 'required', required)\n  _set(self, 'optional_archives', optional_archives)\n  _set(self, 'steps', steps)\n  _set(self, 'tracker', tracker)\n  _set(self, 'staging', staging)\n  _set(self, 'quarantine', quarantine)\n  _set(self, 'resume', resume)\n  _set(self, 'resume_markers', resume_markers)\n  _set(self, 'checkpoint_layouts', checkpoint_layouts)\n  _set(self, 'reads', reads)\n  _set(self, 'extra', _f_extra() if extra is _MISSING else extra)\n  _set(self, 'description', description)\ndef __repr__(self):\n  return self.__class__.__qualname__ + f'(name={self.name!r}, family={self.family!r}, title={self.title!r}, scope={self.scope!r}, priority={self.priority!r}, detect_files={self.detect_files!r}, detect_dirs={self.detect_dirs!r}, claims={self.claims!r}, names={self.names!r}, child_files={self.child_files!r}, markers={self.markers!r}, temp={self.temp!r}, reader={self.reader!r}, required={self.required!r}, optional_archives={self.optional_archives!r}, steps={self.steps!r}, tracker={self.tracker!r}, staging={self.staging!r}, quarantine={self.quarantine!r}, resume={self.resume!r}, resume_markers={self.resume_markers!r}, checkpoint_layouts={self.checkpoint_layouts!r}, reads={self.reads!r}, extra={self.extra!r}, description={self.description!r})'\ndef __eq__(self, other):\n  if other.__class__ is self.__class__:\n    return (self.name,self.family,self.title,self.scope,self.priority,self.detect_files,self.detect_dirs,self.claims,self.names,self.child_files,self.markers,self.temp,self.reader,self.required,self.optional_archives,self.steps,self.tracker,self.staging,self.quarantine,self.resume,self.resume_markers,self.checkpoint_layouts,self.reads,self.extra,self.description,) == (other.name,other.family,other.title,other.scope,other.priority,other.detect_files,other.detect_dirs,other.claims,other.names,other.child_files,other.markers,other.temp,other.reader,other.required,other.optional_archives,other.steps,other.tracker,other.staging,other.quarantine,other.resume,other.resume_markers,other.checkpoint_layouts,other.reads,other.extra,other.description,)\n  return NotImplemented\ndef __hash__(self):\n  return hash((self.name,self.family,self.title,self.scope,self.priority,self.detect_files,self.detect_dirs,self.claims,self.names,self.child_files,self.markers,self.temp,self.reader,self.required,self.optional_archives,self.steps,self.tracker,self.staging,self.quarantine,self.resume,self.resume_markers,self.checkpoint_layouts,self.reads,self.extra,self.description,))\ndef __setattr__(self, name, value):\n  if type(self) is _cls or name in _names:\n    raise _Frozen(f'cannot assign to field {name!r}')\n  super(_cls, self).__setattr__(name, value)\ndef __delattr__(self, name):\n  if type(self) is _cls or name in _names:\n    raise _Frozen(f'cannot delete field {name!r}')\n  super(_cls, self).__delattr__(name)"
     def __init__(self, name, family, title, scope, priority, detect_files=_d_detect_files, detect_dirs=_d_detect_dirs, claims=_d_claims, names=_d_names, child_files=_d_child_files, markers=_d_markers, temp=_d_temp, reader=_d_reader, required=_d_required, optional_archives=_d_optional_archives, steps=_d_steps, tracker=_d_tracker, staging=_d_staging, quarantine=_d_quarantine, resume=_d_resume, resume_markers=_d_resume_markers, checkpoint_layouts=_d_checkpoint_layouts, reads=_d_reads, extra=_MISSING, description=_d_description):
@@ -1652,29 +1676,6 @@ def f_f600c419(_Frozen, _MISSING, _cls, _d_checkpoint_layouts, _d_child_files, _
       return NotImplemented
     def __hash__(self):
       return hash((self.name,self.family,self.title,self.scope,self.priority,self.detect_files,self.detect_dirs,self.claims,self.names,self.child_files,self.markers,self.temp,self.reader,self.required,self.optional_archives,self.steps,self.tracker,self.staging,self.quarantine,self.resume,self.resume_markers,self.checkpoint_layouts,self.reads,self.extra,self.description,))
-    def __setattr__(self, name, value):
-      if type(self) is _cls or name in _names:
-        raise _Frozen(f'cannot assign to field {name!r}')
-      super(_cls, self).__setattr__(name, value)
-    def __delattr__(self, name):
-      if type(self) is _cls or name in _names:
-        raise _Frozen(f'cannot delete field {name!r}')
-      super(_cls, self).__delattr__(name)
-    return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__, '__hash__': __hash__, '__setattr__': __setattr__, '__delattr__': __delattr__}
-
-def f_f8e23094(_Frozen, _cls, _names, _set):
-    "def __init__(self, pattern, format):\n  _set(self, 'pattern', pattern)\n  _set(self, 'format', format)\ndef __repr__(self):\n  return self.__class__.__qualname__ + f'(pattern={self.pattern!r}, format={self.format!r})'\ndef __eq__(self, other):\n  if other.__class__ is self.__class__:\n    return (self.pattern,self.format,) == (other.pattern,other.format,)\n  return NotImplemented\ndef __hash__(self):\n  return hash((self.pattern,self.format,))\ndef __setattr__(self, name, value):\n  if type(self) is _cls or name in _names:\n    raise _Frozen(f'cannot assign to field {name!r}')\n  super(_cls, self).__setattr__(name, value)\ndef __delattr__(self, name):\n  if type(self) is _cls or name in _names:\n    raise _Frozen(f'cannot delete field {name!r}')\n  super(_cls, self).__delattr__(name)"
-    def __init__(self, pattern, format):
-      _set(self, 'pattern', pattern)
-      _set(self, 'format', format)
-    def __repr__(self):
-      return self.__class__.__qualname__ + f'(pattern={self.pattern!r}, format={self.format!r})'
-    def __eq__(self, other):
-      if other.__class__ is self.__class__:
-        return (self.pattern,self.format,) == (other.pattern,other.format,)
-      return NotImplemented
-    def __hash__(self):
-      return hash((self.pattern,self.format,))
     def __setattr__(self, name, value):
       if type(self) is _cls or name in _names:
         raise _Frozen(f'cannot assign to field {name!r}')

@@ -17,7 +17,9 @@ def tracker_missing(run, eng):
                   f"tracker {spec.file} is missing while complete checkpoints exist "
                   f"(newest {done.name}): the framework will silently start from step 0",
                   details={"tracker": spec.file, "newest_complete": done.name},
-                  hint=f"write the tracker atomically: ckptdoctor publish, or echo the step of "
+                  hint=(f"`ckptdoctor verify --fix {run.storage.show('')}` links it to {done.name} (or "
+                        f"`ln -s {done.name} {spec.file}` in the run root)") if spec.parse == "symlink" else
+                       f"write the tracker atomically: ckptdoctor publish, or echo the step of "
                        f"{done.name} into {spec.file} (temp file + rename)")
 
 
@@ -28,7 +30,10 @@ def tracker_unparsable(run, eng):
         yield Hit(run.storage.show(spec.file), f"{spec.file}: {val.problem}",
                   severity="warning" if spec.monitoring else None,
                   details={"tracker": spec.file, "content": val.raw[:80]},
-                  hint="the framework cannot read it (Megatron even exits 0); rewrite it to name a "
+                  hint=f"the framework cannot resume from it; replace it with a relative link to a complete "
+                       f"checkpoint (`ckptdoctor verify --fix {run.storage.show('')}` once it is moved aside)"
+                  if spec.parse == "symlink" else
+                       "the framework cannot read it (Megatron even exits 0); rewrite it to name a "
                        "complete checkpoint")
 
 
@@ -79,3 +84,26 @@ def tracker_behind(run, eng):
                   details={"tracker": spec.file, "target": cur.name, "newest_complete": done.name},
                   hint=f"the run will redo {done.step - cur.step} steps; repoint the tracker if "
                        f"{done.name} is the one you want")
+
+
+@check("CKD135", "run")
+def newer_save_blocks_resume(run, eng):
+    """Composer: a step file later than the resume target (by every field the family names in
+    `extra.refuses_newer`, e.g. epoch and batch) makes training refuse to start."""
+    rule = run.layout.extra.get("refuses_newer")
+    target = run.resume_target
+    if not rule or target is None:
+        return
+    fields = run.layout.steps.fields(target)
+    if fields is None:   # the target has no step of its own (a link copied as a file): nothing to compare
+        return
+    for c in run.checkpoints:
+        theirs = run.layout.steps.fields(c.name) if c.name != target else None
+        later = [k for k in rule["fields"] if theirs and k in theirs and k in fields and int(theirs[k]) > int(fields[k])]
+        if later:
+            say = rule.get("labels", {})
+            yield Hit(c.display, f"{c.name} ({', '.join(f'{say.get(k, k)} {theirs[k]}' for k in later)}) is newer than the "
+                                 f"resume target {target}: {rule['raises']}",
+                      details={"target": target, "newer": c.name, "fields": later},
+                      hint=f"move {c.name} out of {run.storage.show('')} (or to a name starting with '.') once "
+                           f"inspected, or relaunch with {rule['unless']} if overwriting it is intended")

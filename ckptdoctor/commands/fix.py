@@ -15,7 +15,7 @@ import os
 from ..values import value, field
 
 from ..engine.errors import UsageError
-from ..io.atomic import fsync_dir, rename_noreplace, replace_file, write_new
+from ..io.atomic import fsync_dir, rename_noreplace, replace_file, replace_symlink, write_new
 from ..layouts import trackers
 from ..layouts.model import RunView
 from ..publishing.dest import LocalDest
@@ -104,7 +104,8 @@ def plan(runv: RunView, fix_to: int | None, quarantine: bool) -> FixPlan:
     rollback (CKD114 reports it) and is left alone unless --fix-to names a step."""
     lay = runv.layout
     t = lay.tracker
-    has_tracker = t is not None and t.content and not t.monitoring
+    link = t is not None and t.parse == "symlink"   # Composer's latest-rank0.pt: repointed as a link
+    has_tracker = t is not None and (t.content or link) and not t.monitoring
     if quarantine and has_tracker:
         raise UsageError(f"verify --fix --quarantine: {lay.family} resumes from its tracker "
                          f"({t.file}); --fix repoints it, and nothing is renamed")
@@ -117,6 +118,9 @@ def plan(runv: RunView, fix_to: int | None, quarantine: bool) -> FixPlan:
     else:
         want = runv.newest_complete()
     current = runv.resume_target
+    if fix_to is None and current is not None and current not in complete and current in runv.status \
+            and runv.status[current].complete:   # a complete target without a step (a link copied as a file)
+        return FixPlan(None, reason=f"the framework already resumes from {current}, which is complete")
     if fix_to is None and current is not None and current in complete:
         newer = want.name if want is not None and want.name != current else None
         return FixPlan(None, reason=f"the framework already resumes from {current}, which is complete"
@@ -130,7 +134,11 @@ def plan(runv: RunView, fix_to: int | None, quarantine: bool) -> FixPlan:
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     if has_tracker:
         old = runv.tracker.value.raw if runv.tracker.value else None
-        return FixPlan(want.name, tracker={"file": t.file, "old": old, "new": trackers.render(lay, want.name),
+        if link and runv.tracker.entry is not None and not runv.tracker.entry.is_link:
+            raise UsageError(f"verify --fix: {t.file} is not a symbolic link (a copy that followed links?); "
+                             f"it is left as it is: move it aside and run --fix again")
+        new = want.name if link else trackers.render(lay, want.name)
+        return FixPlan(want.name, tracker={"file": t.file, "old": old, "new": new, "symlink": link,
                                            "backup": f"{t.file}.ckptdoctor-bak-{stamp}" if old is not None else None},
                        reason=f"the framework would resume from {current or 'nothing'}; {want.name} is the "
                               + ("newest complete checkpoint" if fix_to is None else "one asked for"))
@@ -186,7 +194,9 @@ def apply(runv: RunView, p: FixPlan) -> None:
         raise UsageError(f"verify --fix: {root} is not writable; nothing was changed")
     dest = LocalDest(root)
     # the caller (run_and_fix) holds the run root's lock: the one publish holds while it moves the tracker
-    if p.tracker:
+    if p.tracker and p.tracker.get("symlink"):
+        _repoint_link(root, p.tracker)
+    elif p.tracker:
         path = os.path.join(root, p.tracker["file"])
         current = dest.read_file(p.tracker["file"])
         if current is not None:  # the old tracker's exact bytes, kept beside it
@@ -201,3 +211,28 @@ def apply(runv: RunView, p: FixPlan) -> None:
         rename_noreplace(os.path.join(root, a), os.path.join(root, b))
     if p.quarantine:
         fsync_dir(root)
+
+
+def _repoint_link(root: str, tr: dict) -> None:
+    """A symlink tracker: the old link kept beside it as a link (its target is the backup), the new
+    one swapped in atomically, and only if the link still points where the judgement saw it."""
+    path = os.path.join(root, tr["file"])
+
+    def now() -> str | None:
+        try:
+            return os.readlink(path)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return "\0not a link"
+    current = now()
+    if current != tr["old"]:
+        raise UsageError(f"{path} changed while being repaired; nothing written (run it again)")
+    if current is not None:
+        tr["backup"] = tr["backup"] or f"{tr['file']}.ckptdoctor-bak"
+        os.symlink(current, os.path.join(root, tr["backup"]))
+
+    def unchanged():
+        if now() != current:
+            raise UsageError(f"{path} changed while being repaired; nothing written (run it again)")
+    replace_symlink(path, tr["new"], before_rename=unchanged)

@@ -59,6 +59,25 @@ def replace_file(path: str, data: bytes, *, temp_name: str | None = None, before
                      f".{os.path.basename(path)}.ckptdoctor-tmp-{os.getpid()}.{secrets.token_hex(3)}", rename)
 
 
+def replace_symlink(path: str, target: str, *, before_rename=None) -> None:
+    """Point the symbolic link `path` at `target` atomically: a same-directory temp link renamed
+    over it, then the directory fsynced (a reader follows the old link or the new, never none)."""
+    d = os.path.dirname(path) or "."
+    tmp = os.path.join(d, f".{os.path.basename(path)}.ckptdoctor-tmp-{os.getpid()}.{secrets.token_hex(3)}")
+    os.symlink(target, tmp)
+    try:
+        if before_rename:
+            before_rename()
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(d)
+
+
 # renameat2(2) flags: no Python wrapper exists, so call libc directly where it has one.
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2

@@ -275,6 +275,10 @@ class Storage:
 
     def sub(self, rel: str) -> "Storage": raise NotImplementedError
 
+    def readlink(self, rel: str) -> str:
+        """Where a symbolic link points, as written (object stores have none)."""
+        raise OSError(errno.EINVAL, "not a symbolic link")
+
 
 class LocalStorage(Storage):
     local = True
@@ -321,6 +325,9 @@ class LocalStorage(Storage):
 
     def sub(self, rel: str) -> "LocalStorage":
         return LocalStorage(self.abspath(rel))
+
+    def readlink(self, rel: str) -> str:
+        return os.readlink(self.abspath(rel))
 
 
 def _entry_of(de) -> Entry | None:

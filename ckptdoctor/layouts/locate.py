@@ -39,12 +39,12 @@ def locate(st: Storage, layout_name: str | None = None) -> Located:
     dirs = {n for n, e in entries.items() if e.is_dir}
     forced = spec.get(layout_name) if layout_name else None
     if forced is not None and forced.scope == "run":
-        kids = [d for d in dirs if forced.steps.matches(d)]
+        kids = forced.steps.entries(files, dirs)
         tracker = forced.tracker is not None and forced.tracker.file in files
         if not kids and not tracker:
-            return Located(misfit=f"--layout {forced.name}: no {forced.steps.format.format(step=0)!r}-style "
-                                  f"checkpoint directory" + (f" and no {forced.tracker.file}" if forced.tracker
-                                                             else "") + " here")
+            return Located(misfit=f"--layout {forced.name}: no {forced.steps.example()!r}-style "
+                                  f"checkpoint {'file' if forced.steps.files else 'directory'}"
+                                  + (f" and no {forced.tracker.file}" if forced.tracker else "") + " here")
         return Located(run=_run(st, forced, entries, dirs))
     if forced is not None:
         if not spec.fits(forced, files, dirs):
@@ -56,7 +56,7 @@ def locate(st: Storage, layout_name: str | None = None) -> Located:
     own = spec.detect("checkpoint", files, dirs, name=_name(st))
     # a directory that is itself a checkpoint is not a run root (e.g. a Megatron iter dir)
     if run_layout and own and own.priority >= run_layout.priority and \
-            not any(run_layout.steps.matches(d) for d in dirs):
+            not run_layout.steps.entries(files, dirs):
         run_layout = None
     if run_layout:
         return Located(run=_run(st, run_layout, entries, dirs))
@@ -85,10 +85,14 @@ def _run(st: Storage, layout: spec.Layout, entries, dirs) -> RunView:
     its target is missing the root is listed again: a target renamed in before the tracker named it
     is in that second listing (readdir returns what existed when it began), so what still lacks it
     is a tracker that really dangles."""
+    def stepped(entries) -> set[str]:
+        return {n for n, e in entries.items() if e.is_dir != layout.steps.files}
+
+    names = stepped(entries)
     for _ in range(SNAPSHOT_TRIES):
         run = RunView(st, layout, entries)
         target = run.tracker.target
-        if target is None or target in dirs:
+        if target is None or target in names:
             break
         try:
             again = {e.name: e for e in st.listdir("")}
@@ -97,14 +101,22 @@ def _run(st: Storage, layout: spec.Layout, entries, dirs) -> RunView:
         if again.keys() == entries.keys():
             break
         entries = again
-        dirs = {n for n, e in entries.items() if e.is_dir}
+        names = stepped(entries)
     else:
         run = RunView(st, layout, entries)
-    for name in sorted(dirs):
+    for name in sorted(names):
         step = run.step_of(name)
-        if step is not None:
+        if step is None or (layout.tracker is not None and name == layout.tracker.file):
+            continue
+        if layout.steps.files:
+            run.checkpoints.append(_file_checkpoint(st, name, layout.checkpoint_layouts, step, run))
+        else:
             run.checkpoints.append(_checkpoint(st, name, layout.checkpoint_layouts, step, run))
-    run.checkpoints.sort(key=lambda c: (c.step, c.name))
+    t = run.tracker
+    if t.spec is not None and t.spec.parse == "symlink" and t.target == t.spec.file:
+        # the link was copied as the file it pointed to: that file is what the framework loads
+        run.checkpoints.append(_file_checkpoint(st, t.spec.file, layout.checkpoint_layouts, None, run))
+    run.checkpoints.sort(key=lambda c: (c.step is not None, c.step or 0, c.name))
     return run
 
 
@@ -150,6 +162,16 @@ def _checkpoint(st: Storage, name: str, among: tuple[str, ...], step, run) -> Ch
         files, dirs = set(), set()
     probe.layout = spec.detect("checkpoint", files, dirs, among=among, name=name) or probe.layout
     return probe
+
+
+def _file_checkpoint(st: Storage, name: str, among: tuple[str, ...], step, run) -> CheckpointView:
+    """A checkpoint that is one file of the run root (Composer's `ep0-ba4-rank0.pt`): a view of the
+    root that holds only that entry, so every check reads it as a checkpoint of one file."""
+    view = CheckpointView(st, "", spec.get(among[0]) if among else None, step, run)
+    view.only, view.name, view.display = name, name, st.show(name)
+    if name in run.entries:   # the root's listing, not one more listing per checkpoint
+        view.__dict__["entries"] = {name: run.entries[name]}
+    return view
 
 
 def checkpoint_in_run(st: Storage, name: str, run_layout: spec.Layout | None) -> CheckpointView | None:

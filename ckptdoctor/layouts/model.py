@@ -216,6 +216,8 @@ class RunView:
         e = self.entries.get(spec.file)
         if e is None:
             return trackers.TrackerState(spec, e)
+        if spec.parse == "symlink":
+            return trackers.TrackerState(spec, e, trackers.parse_link(self.storage, spec.file, e))
         if e.is_dir or not e.is_file:
             return trackers.TrackerState(spec, e, trackers.TrackerValue(
                 "", None, "tracker is not a regular file (a directory, FIFO or device): the framework "

@@ -28,9 +28,24 @@ from ..engine.errors import UsageError
 class StepNaming:
     """How a family names step directories: parse a name to a step, build a name from a step
     (the idea of Orbax's NameFormat).  Names that match without a step group (Megatron `release`)
-    count as step 0."""
+    count as step 0.  `kind` says what a step entry is: a directory (every family but one) or a
+    single file (Composer's `ep0-ba4-rank0.pt`)."""
     pattern: re.Pattern
     format: str
+    kind: str = "dir"
+
+    @property
+    def files(self) -> bool:
+        return self.kind == "file"
+
+    def entries(self, files, dirs) -> list[str]:
+        """The names among a run root's listing that are step entries of this kind."""
+        return [n for n in (files if self.files else dirs) if self.matches(n)]
+
+    def example(self) -> str:
+        """A name the format makes, for messages (fields other than step shown as 0)."""
+        import collections
+        return self.format.format_map(collections.defaultdict(int, step=0))
 
     def matches(self, name: str) -> bool:
         return self.pattern.fullmatch(name) is not None
@@ -54,7 +69,7 @@ class StepNaming:
 class TrackerSpec:
     """The file a framework reads to pick its resume target, and how it parses and writes it."""
     file: str
-    parse: str                       # int | int-or-release | tag | json:<key>
+    parse: str                       # int | int-or-release | tag | json:<key> | symlink
     content: str | None = None       # what the framework's writer puts there ({step} or {tag}); None: never written
     release_dir: str | None = None
     monitoring: bool = False         # a status file the framework does not resume from
@@ -138,7 +153,8 @@ _LAYOUT_KEYS = {"name", "title", "priority", "description", "detect", "markers",
                 "required", "optional_archives", "steps", "tracker", "staging", "quarantine", "resume",
                 "resume_markers", "checkpoint_layouts", "reads", "extra"}
 _DETECT_KEYS = {"files", "dirs", "claims", "names", "child_files"}
-_STEPS_KEYS = {"pattern", "format"}
+_STEPS_KEYS = {"pattern", "format", "kind"}
+STEP_KINDS = {"dir", "file"}
 _TRACKER_KEYS = {"file", "parse", "content", "release_dir", "monitoring"}
 _READS_KEYS = {"rank_file", "rank_glob", "global_files", "optional_global", "rank_map", "plan"}
 RESUME_POLICIES = {"tracker", "newest-dir", "newest-with-marker"}
@@ -169,7 +185,9 @@ def _layout(d: dict, family: str, scope: str, where: str) -> Layout:
     steps = tracker = reads = None
     if d.get("steps"):
         s = _keys(d["steps"], _STEPS_KEYS, f"{where}.steps")
-        steps = StepNaming(re.compile(s["pattern"], re.ASCII), s["format"])
+        if s.get("kind", "dir") not in STEP_KINDS:
+            raise UsageError(f"{where}.steps.kind: {s['kind']!r} is not one of {', '.join(sorted(STEP_KINDS))}")
+        steps = StepNaming(re.compile(s["pattern"], re.ASCII), s["format"], s.get("kind", "dir"))
     if d.get("tracker"):
         t = _keys(d["tracker"], _TRACKER_KEYS, f"{where}.tracker")
         tracker = TrackerSpec(t["file"], t.get("parse", "int"), t.get("content"), t.get("release_dir"),

@@ -77,6 +77,31 @@ def parse(layout: Layout, raw_bytes: bytes) -> TrackerValue:
     raise ValueError(f"unknown tracker parse kind {kind!r}")
 
 
+def parse_link(storage, file: str, entry: Entry) -> TrackerValue:
+    """A tracker that is a symbolic link (Composer's `latest-rank0.pt -> ep0-ba4-rank0.pt`): the
+    framework loads whatever it points to, so its target is the checkpoint it names.  A link into
+    another directory is refused: a copy of the run would resume from what the old place holds."""
+    import os
+    if not entry.is_link and entry.is_file:
+        # a copy that followed links (cp -L, rsync -L): the framework loads the file itself (Composer
+        # 0.32.1 resumed from such a copy, measured), so it is the checkpoint the run resumes from
+        return TrackerValue("", file)
+    if not entry.is_link:
+        kind = "a directory" if entry.is_dir else "a special file"
+        return TrackerValue("", None, f"{file} is {kind}, not the symbolic link the framework writes")
+    try:
+        raw = storage.readlink(file)
+    except OSError as exc:
+        return TrackerValue("", None, f"cannot read the link {file}: {exc.strerror or exc}")
+    head, name = os.path.split(raw)
+    root = getattr(storage, "root", None)
+    if head in ("", ".") or (root and os.path.isabs(raw) and os.path.realpath(head) == os.path.realpath(root)):
+        return TrackerValue(raw, name) if name not in ("", ".", "..") else \
+            TrackerValue(raw, None, f"{file} points to {raw!r}, not a checkpoint")
+    return TrackerValue(raw, None, f"{file} points to {raw!r}, outside the run root: a copy of the run "
+                                   f"resumes from whatever that path holds there")
+
+
 def render(layout: Layout, dirname: str) -> str:
     """What the framework's own writer puts in the tracker for checkpoint `dirname`."""
     fields = layout.steps.fields(dirname) if layout.steps else None

@@ -36,7 +36,9 @@ def plan(entries: list[str], layout: Layout, *, keep_last: int | None, keep_ever
     odd = {n for _, n in steps if real_dir is not None and not real_dir(n)}
     steps = [(s, n) for s, n in steps if n not in odd]
     for name in sorted(odd):
-        res.kept[name] = "not a checkpoint directory (a symlink, a regular file or a special file): left alone"
+        res.kept[name] = ("a checkpoint file: prune removes checkpoint directories only, and leaves it alone"
+                          if layout.steps.files else
+                          "not a checkpoint directory (a symlink, a regular file or a special file): left alone")
     for i, (step, name) in enumerate(steps):
         why = protect.get(name)
         if why is None and keep_last is not None and i < keep_last:

@@ -85,16 +85,23 @@ def render(report, out, plain: bool | None = None) -> None:
             t.add_column(col)
         for r in rows:
             ok = "yes" if r["complete"] else "NO: " + ", ".join(r["why"][:2])
-            t.add_row(r["name"], str(r["step"]), Text(ok, style="green" if r["complete"] else "red"),
+            t.add_row(r["name"], "-" if r["step"] is None else str(r["step"]), Text(ok, style="green" if r["complete"] else "red"),
                       _size(r["bytes"]), _age(r["age_seconds"]), str(r["findings"]))
         con.print(t)
     if cmd == "verify" and facts.get("kind") == "run":
         rf, nc = facts.get("resume_from"), facts.get("newest_complete")
         con.print(Text(f"framework will resume from: {rf or 'nothing (starts from step 0)'}", style="bold"))
         con.print(Text(f"newest complete checkpoint: {nc or 'none'}", style="bold"))
-        if rf != nc and nc:
+        by = {r["name"]: r for r in rows}
+        cur, new = by.get(rf), by.get(nc)
+        if rf != nc and nc and not (cur and cur["complete"]):
             con.print(Text(f"hint: the framework resumes from {rf or 'nothing'}, not from {nc}, the newest complete "
                            f"checkpoint; `ckptdoctor verify --fix {report.target}` makes it resume from {nc} "
+                           f"(--dry-run shows how)", style="yellow"))
+        elif rf != nc and nc and cur["step"] is not None and new and new["step"] is not None:
+            # a complete older target may be a deliberate rollback: --fix leaves it, --fix-to moves it
+            con.print(Text(f"hint: the framework resumes from {rf}, older than {nc}; if that is not a deliberate "
+                           f"rollback, `ckptdoctor verify --fix {report.target} --fix-to {new['step']}` moves it "
                            f"(--dry-run shows how)", style="yellow"))
     gate = facts.get("gate") if cmd == "verify" else None
     unread = [r["name"] for r in rows if r.get("data_read") is False] if cmd == "verify" else []

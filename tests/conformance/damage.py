@@ -13,6 +13,9 @@ Ops, all relative to the run root:
   ["write", path, text]       (re)write a small file (a tracker naming something else)
   ["mkdir", path]             an empty directory (a step directory a killed save created first)
   ["copy_partial", src, dst, glob]  a newer save killed early: dst holds only src's files matching glob
+  ["copy_cut", src, dst]      a newer single-file save killed early: dst is the first half of src
+  ["link", path, target]      (re)point a symbolic link (a tracker that is a link, e.g. Composer's)
+  ["deref", path]             replace a symbolic link with a copy of what it points to (cp -L, rsync -L)
 """
 from __future__ import annotations
 
@@ -45,6 +48,20 @@ def apply(root: str, ops: list) -> None:
             for n in sorted(os.listdir(src)):
                 if fnmatch.fnmatchcase(n, args[2]):
                     shutil.copy2(os.path.join(src, n), os.path.join(dst, n))
+        elif kind == "copy_cut":
+            src, dst = os.path.join(root, args[0]), os.path.join(root, args[1])
+            with open(src, "rb") as fh, open(dst, "wb") as out:
+                out.write(fh.read(os.path.getsize(src) // 2))
+        elif kind == "link":
+            p = os.path.join(root, args[0])
+            if os.path.lexists(p):
+                os.remove(p)
+            os.symlink(args[1], p)
+        elif kind == "deref":
+            p = os.path.join(root, args[0])
+            real = os.path.realpath(p)
+            os.remove(p)
+            shutil.copy2(real, p)
         else:
             raise ValueError(f"unknown damage op {kind!r}")
 

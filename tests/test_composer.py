@@ -1,0 +1,85 @@
+"""Composer runs (checkpoints that are files, a symlink tracker): what verify, --fix and prune promise.
+
+The run root is the one mosaicml 0.32.1 wrote (tests/fixtures/real/composer/run, made by
+tests/conformance/gen_composer.py); test_conformance.py checks every damage case against Composer's
+own autoresume.  These tests pin what the user is promised beyond the verdict."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from ckptdoctor import api
+from helpers import assert_fires, assert_no_errors, cli
+
+RUN = Path(__file__).parent / "fixtures" / "real" / "composer" / "run"
+LINK, B2, B4 = "latest-rank0.pt", "ep0-ba2-rank0.pt", "ep0-ba4-rank0.pt"
+
+
+def _copy(tmp_path) -> Path:
+    dst = tmp_path / "run"
+    shutil.copytree(RUN, dst, symlinks=True)
+    return dst
+
+
+def test_a_composer_run_lists_each_checkpoint_file_with_its_batch_and_resumes_from_the_link(tmp_path):
+    rep = api.verify(str(_copy(tmp_path)), target="resume")
+    assert_no_errors(rep)
+    assert rep.facts["layout"] == "composer-run"
+    assert [(r["name"], r["step"]) for r in rep.facts["checkpoints"]] == [(B2, 2), (B4, 4)]
+    assert rep.facts["resume_from"] == B4 and rep.facts["gate"]["passed"]
+
+
+def test_fix_relinks_a_missing_latest_link_atomically_and_keeps_the_old_one(tmp_path):
+    run = _copy(tmp_path)
+    os.remove(run / B4)                     # the link now dangles: Composer raises on resume
+    rc, out, err = cli("verify", str(run), "--fix", "--dry-run")
+    assert rc == 1 and os.readlink(run / LINK) == B4, (out, err)   # the plan is said, nothing written
+    assert f"repoint {LINK}: {B4} -> {B2}" in err
+    rc, out, err = cli("verify", str(run), "--fix")
+    assert rc == 0, (out, err)
+    assert os.path.islink(run / LINK) and os.readlink(run / LINK) == B2   # a relative link, as Composer writes
+    [bak] = [n for n in os.listdir(run) if n.startswith(LINK + ".ckptdoctor-bak")]
+    assert os.readlink(run / bak) == B4
+    assert not [n for n in os.listdir(run) if "ckptdoctor-tmp" in n]
+    assert_no_errors(api.verify(str(run), target="resume"))
+
+
+def test_fix_leaves_a_link_copied_as_a_file_alone_when_it_loads(tmp_path):
+    run = _copy(tmp_path)
+    os.remove(run / LINK)
+    shutil.copy2(run / B4, run / LINK)      # cp -L: Composer loads the copy (measured)
+    rep = api.verify(str(run), target="resume")
+    assert not rep.failed() and rep.facts["resume_from"] == LINK
+    rc, out, err = cli("verify", str(run), "--fix")
+    assert rc == 0 and not os.path.islink(run / LINK) and "already resumes from" in err, (out, err)
+
+
+def test_a_rollback_link_names_the_newer_file_composer_refuses_to_start_beside(tmp_path):
+    run = _copy(tmp_path)
+    os.remove(run / LINK)
+    os.symlink(B2, run / LINK)
+    rep = api.verify(str(run), target="resume")
+    assert rep.failed()
+    [hit] = assert_fires(rep, "CKD135", path_contains=B4, severity="error")
+    assert "batch 4" in hit.message and "FileExistsError" in hit.message and "save_overwrite=True" in hit.hint
+    assert_fires(rep, "CKD114", severity="warning")
+    shutil.move(run / B4, run / ("." + B4))   # what the hint says: a dot name Composer's check skips
+    assert not api.verify(str(run), target="resume").failed()
+
+
+def test_the_rollback_hint_names_fix_to_not_plain_fix(tmp_path):
+    run = _copy(tmp_path)
+    os.remove(run / LINK)
+    os.symlink(B2, run / LINK)
+    rc, out, err = cli("verify", str(run), env={"NO_COLOR": "1", "COLUMNS": "300"})
+    assert "--fix-to 4" in out + err and "makes it resume from" not in out + err, (out, err)
+
+
+def test_prune_never_touches_composer_checkpoint_files(tmp_path):
+    run = _copy(tmp_path)
+    rc, out, err = cli("prune", str(run), "--keep-last", "1", "-f", "json")
+    doc = json.loads(out)
+    assert sorted(n for n in os.listdir(run) if not n.startswith(".")) == sorted([B2, B4, LINK]), (rc, doc)
+    assert "checkpoint file" in json.dumps(doc), doc
