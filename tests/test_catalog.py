@@ -249,3 +249,19 @@ def test_a_generated_mutant_that_only_changes_a_function_annotation_is_equivalen
     assert not gm.annotation_only(src, 2, "-LIMIT = 64 << 10\n+LIMIT = 65 << 10\n")
     evaluated = src.replace("from __future__ import annotations\n", "")   # annotations evaluated at def time
     assert not gm.annotation_only(evaluated, 2, "-def f(x: int | None) -> int | None:\n+def f(x: int << None) -> int | None:\n")
+
+
+def test_a_run_roots_hints_name_that_run_root_not_the_placeholder(tmp_path):
+    """Issue 41: a finding of a run root whose hint carries its rule's command (`ckptdoctor verify
+    --fix RUN_ROOT`) names the run root itself, so the command can be pasted as it is."""
+    import shutil
+    from ckptdoctor import api
+    from helpers import assert_fires
+    src = TESTS / "fixtures" / "real" / "composer" / "run"
+    run = tmp_path / "my run"
+    shutil.copytree(src, run, symlinks=True)
+    (run / "ep0-ba4-rank0.pt").write_bytes((run / "ep0-ba4-rank0.pt").read_bytes()[:5000])
+    rep = api.verify(str(run), target="all")
+    hits = assert_fires(rep, "CKD117", path_contains="ep0-ba4-rank0.pt")
+    assert all("RUN_ROOT" not in (f.hint or "") for f in rep.findings), [f.hint for f in rep.findings]
+    assert any(f"verify --fix '{run}'" in (f.hint or "") for f in hits), [f.hint for f in hits]

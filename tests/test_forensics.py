@@ -274,3 +274,19 @@ def test_every_signature_matches_its_example_first_and_the_prefilter_sees_it():
         got = A.match(s["example"])
         assert got is not None and got["id"] == s["id"], (s["id"], got and got["id"])
         assert any(k in s["example"].lower() for k in A.KEYWORDS), s["id"]
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if DOC["cases"][n]["truth"]["class"] == "file"])
+def test_a_file_failures_hint_names_the_ckptdoctor_command_that_fixes_it_with_the_jobs_paths(tmp_path, name):
+    """Issue 41: from the first failure's hint straight to the fixing command.  A file-class failure
+    names a ckptdoctor command; with --run-root the command carries that run root, never the
+    RUN_ROOT placeholder."""
+    rep = api.forensics(_logs(name))
+    hit = assert_fires(rep, "CKD601", severity="warning")[0]
+    assert "`ckptdoctor " in hit.hint, hit.hint
+    assert "CHECKPOINT" not in hit.hint or not rep.facts["first_failure"]["path"], hit.hint
+    if os.path.isdir(os.path.join(BASE, name, "run")):
+        root = shutil.copytree(os.path.join(BASE, name, "run"), tmp_path / "run", symlinks=True)
+        rc, out, err = cli("forensics", *_logs(name), "--run-root", str(root), "--format", "json")
+        [f] = [f for f in json.loads(out)["findings"] if f["rule"] == "CKD601"]
+        assert "RUN_ROOT" not in f["hint"] and "CHECKPOINT" not in f["hint"], f["hint"]

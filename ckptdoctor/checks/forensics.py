@@ -30,7 +30,23 @@ def first_failure(sub, eng):
     when = f" at {f['time'][:23]}" if f.get("time") else ""
     what = f["what"] + ("" if f["certain"] else " (likely: nothing in the log says more)")
     yield Hit(_where(f), f"{who} failed first{when}: {exc}{msg}{where} [{f['class']}: {what}]",
-              details={"first_failure": f}, hint=f.get("fix"))
+              details={"first_failure": f}, hint=_fill(f.get("fix"), sub, f))
+
+
+def _fill(fix: str | None, sub, f: dict) -> str | None:
+    """The class's fix with its placeholders made concrete where the job's own paths tell them:
+    CHECKPOINT is the checkpoint the log blames (found under --run-root, else the blamed file's
+    directory), RUN_ROOT the --run-root given.  What is not known stays a placeholder."""
+    import os
+    import shlex
+    if not fix:
+        return fix
+    ck = sub.checkpoint or (os.path.dirname(f["path"]) if f.get("path") and "://" not in f["path"] else None)
+    if ck:
+        fix = fix.replace("CHECKPOINT", shlex.quote(ck))
+    if sub.run_root:
+        fix = fix.replace("RUN_ROOT", shlex.quote(sub.run_root))
+    return fix
 
 
 @check("CKD602", "forensics")

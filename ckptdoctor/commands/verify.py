@@ -117,6 +117,8 @@ def _judge(location: str, engine: Engine, layout: str | None, target: str, allow
         rep.facts["slice"] = {"k": k, "n": n, "units": 0, "bytes": 0}
     rep.facts["kind"] = kind
     rep.facts["layout"] = view.layout.name
+    if kind == "run":
+        engine.run_root = st.show("")   # the rule fixes' RUN_ROOT, in every hint of this report
     if kind == "checkpoint":
         status = check_checkpoint(engine, view)
         rep.facts["checkpoints"] = [_row(status)]

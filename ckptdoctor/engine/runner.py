@@ -28,6 +28,7 @@ class Engine:
                  options: dict[str, Any] | None = None, debug: bool = False,
                  progress: Callable[[int, str], Any] | None = None, acknowledge: list | None = None):
         self.report = Report(command=command, target=target, fail_on=fail_on)
+        self.run_root: str | None = None   # when known, replaces RUN_ROOT in the hints' commands
         self.acknowledge = acknowledge or []   # config [[acknowledge]]: shown as info, judged as ever
         self.selection = selection
         self.options = options or {}
@@ -59,7 +60,7 @@ class Engine:
         shown = self.selection.enabled_rule(rule_id)
         f = Finding(rule=rule_id, name=rule.name, severity=self.selection.severity.get(rule_id) or judged,
                     path=hit.path, message=hit.message, details=hit.details,
-                    hint=with_command(hit.hint, rule.fix),   # every finding says what fixes it, and
+                    hint=with_command(hit.hint, rule.fix, self.run_root),   # every finding says what fixes it, and
                     judged=judged,                           # with which command (issue 41)
                     hidden=not shown, unverified=rule.unverified)
         if self.acknowledge and rule_id != "CKD903":
@@ -121,11 +122,20 @@ class Engine:
         return added
 
 
-def with_command(hint: str | None, fix: str | None) -> str | None:
+def with_command(hint: str | None, fix: str | None, run_root: str | None = None) -> str | None:
     """A finding's hint: the check's own (it names the file, the step), or the rule's documented fix
     where the check gave none.  A check's hint that names no command gets the clause of the rule's
     fix that does (`ckptdoctor verify --fix RUN_ROOT` ...), so a user goes from any finding to the
-    command that fixes it without the README."""
+    command that fixes it without the README; RUN_ROOT is the run root itself when it is known."""
+    out = _with_command(hint, fix)
+    if out and run_root and "RUN_ROOT" in out:
+        import re
+        import shlex
+        out = re.sub(r"\bRUN_ROOT\b", lambda _: shlex.quote(run_root), out)
+    return out
+
+
+def _with_command(hint: str | None, fix: str | None) -> str | None:
     if not hint:
         return fix
     if not fix or "ckptdoctor " in hint or "`ckptdoctor " not in fix:
