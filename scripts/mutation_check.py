@@ -110,7 +110,7 @@ MUTANTS = [
     M("publish-source-manifest", "ckptdoctor/publishing/flow.py", "            plan = _check_source_manifest(src_man, copied)",
       "            plan = None", ("tests/test_bite.py",), "a source that no longer matches its own manifest is published"),
     M("locate-torn-snapshot", "ckptdoctor/layouts/locate.py",
-      "        if target is None or target in dirs:\n", "        if True:\n",
+      "        if target is None or target in names:\n", "        if True:\n",
       ("tests/test_publish.py::test_verify_during_a_commit_sees_one_moment",),
       "verify running while a publisher commits calls the new tracker dangling (a false alarm)"),
     M("parts-takeover-blind", "ckptdoctor/publishing/parts/local.py",

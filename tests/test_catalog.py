@@ -52,7 +52,8 @@ def test_family_step_names_and_trackers_round_trip():
     from ckptdoctor.layouts import trackers
     ls = layouts()
     runs = [l for l in ls.values() if l.scope == "run"]
-    assert {l.family for l in runs} >= {"megatron", "verl", "deepspeed", "torchtitan", "nemo-rl", "hf-trainer", "orbax"}
+    assert {l.family for l in runs} >= {"megatron", "verl", "deepspeed", "torchtitan", "nemo-rl", "hf-trainer", "orbax",
+                                       "composer"}
     for l in runs:
         for n in l.checkpoint_layouts:
             assert n in ls and ls[n].scope == "checkpoint", (l.name, n)

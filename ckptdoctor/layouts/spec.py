@@ -24,6 +24,11 @@ from ..engine.catalog import data_dir, load_yaml
 from ..engine.errors import UsageError
 
 
+class _Fields(dict):
+    def __missing__(self, key):
+        return 0
+
+
 @value(frozen=True)
 class StepNaming:
     """How a family names step directories: parse a name to a step, build a name from a step
@@ -43,9 +48,8 @@ class StepNaming:
         return [n for n in (files if self.files else dirs) if self.matches(n)]
 
     def example(self) -> str:
-        """A name the format makes, for messages (fields other than step shown as 0)."""
-        import collections
-        return self.format.format_map(collections.defaultdict(int, step=0))
+        """A name the format makes, for messages."""
+        return self.build(0)
 
     def matches(self, name: str) -> bool:
         return self.pattern.fullmatch(name) is not None
@@ -58,7 +62,8 @@ class StepNaming:
         return int(s) if s is not None else 0
 
     def build(self, step: int) -> str:
-        return self.format.format(step=step)
+        """The name of `step` (other fields of the format, e.g. Composer's epoch, as 0)."""
+        return self.format.format_map(_Fields(step=step))
 
     def fields(self, name: str) -> dict[str, str] | None:
         m = self.pattern.fullmatch(name)
