@@ -1,6 +1,6 @@
 """Issue 42: ckptdoctor where checkpoints really live -- storage whose metadata calls are round trips.
 
-    .venv/bin/python benchmarks/latency_bench.py [posix|fuse|s3|preflight|prune|all] [--shards 4096] [--delay-ms 2]
+    .venv/bin/python benchmarks/latency_bench.py [posix|fuse|s3|preflight|prune|publish|all] [--shards 4096] [--delay-ms 2]
 
 posix: a run root of 3 checkpoints x N shards (Megatron torch_dist layout, written by the torch-free
   DCP writer) behind benchmarks/latency/delayed.py (each stat/open/readdir sleeps --delay-ms, calls
@@ -13,6 +13,8 @@ fuse: the same tree through the FUSE passthrough (benchmarks/latency/delayfs.py;
   real `find` and for ckptdoctor.  Wall times there measure the FUSE client too (see delayed.py).
 s3: the same run root on moto's S3 server behind benchmarks/latency/s3proxy.py (20 ms per request):
   LIST, HEAD and GET counts for the gate and for the plain listing (s3fs find).
+publish: `publish` of one checkpoint of N shards into a run root, against a plain durable copy
+  (open both sides, copy, fsync, per file) through the same layer, serial and 16 threads.
 preflight: `preflight` of M node views (one checkpoint spread over M node-local directories),
   through the same in-process layer.
 """
@@ -204,11 +206,37 @@ def prune(shards: int, delay_ms: float) -> None:
         shutil.rmtree(d)
 
 
+def publish(shards: int, delay_ms: float) -> None:
+    """publish of one checkpoint of N shards into a run root, against a plain durable copy (cp -r
+    with an fsync per file) through the same layer, serially and with publish's copy parallelism."""
+    d = tempfile.mkdtemp(prefix="ckd-lat-publish-")
+    try:
+        src = os.path.join(d, "src")
+        files = build_run_root(src, 1, shards)
+        ck = f"{src}/iter_0000100"
+        res = {}
+        for name, args, env in (
+                ("plain durable copy, serial", ["--plain-cp", "--threads", "1", "--"], None),
+                ("plain durable copy, 16 threads", ["--plain-cp", "--threads", "16", "--"], None),
+                ("ckptdoctor publish, serial (--workers 1, CKPTDOCTOR_IO_THREADS=1)",
+                 ["--", "publish", "-q", "--tracker", "none", "--workers", "1"], {"CKPTDOCTOR_IO_THREADS": "1"}),
+                ("ckptdoctor publish, default", ["--", "publish", "-q", "--tracker", "none"], None)):
+            dst = os.path.join(d, "dst")
+            os.makedirs(dst)
+            tail = [ck, f"{dst}/iter_0000100"] if args[0] == "--plain-cp" else [ck, dst]
+            res[name] = layered([*args, *tail], delay_ms, files, env=env, runs=1)
+            assert os.path.isfile(f"{dst}/iter_0000100/metadata.json"), (name, res[name])
+            shutil.rmtree(dst)
+        table(f"publish: 1 checkpoint x {shards} shards into a run root, {delay_ms} ms per metadata call", res)
+    finally:
+        shutil.rmtree(d)
+
+
 def main() -> None:
     args = sys.argv[1:]
     shards = int(args[args.index("--shards") + 1]) if "--shards" in args else 4096
     delay = float(args[args.index("--delay-ms") + 1]) if "--delay-ms" in args else None
-    which = next((a for a in args if a in ("posix", "fuse", "s3", "preflight", "prune", "all")), "all")
+    which = next((a for a in args if a in ("posix", "fuse", "s3", "preflight", "prune", "publish", "all")), "all")
     if which in ("posix", "all"):
         posix(shards, delay if delay is not None else 2.0)
     if which in ("fuse", "all"):
@@ -219,6 +247,8 @@ def main() -> None:
         preflight(delay if delay is not None else 2.0)
     if which in ("prune", "all"):
         prune(shards, delay if delay is not None else 2.0)
+    if which in ("publish", "all"):
+        publish(shards, delay if delay is not None else 2.0)
 
 
 def build_node_views(root: str, nodes: int, per_node: int) -> tuple[str, int]:

@@ -1366,6 +1366,35 @@ def f_c373ad74(_MISSING, _d_bytes, _d_files, _d_seconds, _d_status, _d_tracker, 
       return NotImplemented
     return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__}
 
+def f_c4b7be91(_Frozen, _cls, _d_ino, _d_is_file, _d_is_link, _d_mtime_ns, _names, _set):
+    "def __init__(self, name, size, mtime, is_dir, is_link=_d_is_link, is_file=_d_is_file, mtime_ns=_d_mtime_ns, ino=_d_ino):\n  _set(self, 'name', name)\n  _set(self, 'size', size)\n  _set(self, 'mtime', mtime)\n  _set(self, 'is_dir', is_dir)\n  _set(self, 'is_link', is_link)\n  _set(self, 'is_file', is_file)\n  _set(self, 'mtime_ns', mtime_ns)\n  _set(self, 'ino', ino)\ndef __repr__(self):\n  return self.__class__.__qualname__ + f'(name={self.name!r}, size={self.size!r}, mtime={self.mtime!r}, is_dir={self.is_dir!r}, is_link={self.is_link!r}, is_file={self.is_file!r}, mtime_ns={self.mtime_ns!r}, ino={self.ino!r})'\ndef __eq__(self, other):\n  if other.__class__ is self.__class__:\n    return (self.name,self.size,self.mtime,self.is_dir,self.is_link,self.is_file,self.mtime_ns,self.ino,) == (other.name,other.size,other.mtime,other.is_dir,other.is_link,other.is_file,other.mtime_ns,other.ino,)\n  return NotImplemented\ndef __hash__(self):\n  return hash((self.name,self.size,self.mtime,self.is_dir,self.is_link,self.is_file,self.mtime_ns,self.ino,))\ndef __setattr__(self, name, value):\n  if type(self) is _cls or name in _names:\n    raise _Frozen(f'cannot assign to field {name!r}')\n  super(_cls, self).__setattr__(name, value)\ndef __delattr__(self, name):\n  if type(self) is _cls or name in _names:\n    raise _Frozen(f'cannot delete field {name!r}')\n  super(_cls, self).__delattr__(name)"
+    def __init__(self, name, size, mtime, is_dir, is_link=_d_is_link, is_file=_d_is_file, mtime_ns=_d_mtime_ns, ino=_d_ino):
+      _set(self, 'name', name)
+      _set(self, 'size', size)
+      _set(self, 'mtime', mtime)
+      _set(self, 'is_dir', is_dir)
+      _set(self, 'is_link', is_link)
+      _set(self, 'is_file', is_file)
+      _set(self, 'mtime_ns', mtime_ns)
+      _set(self, 'ino', ino)
+    def __repr__(self):
+      return self.__class__.__qualname__ + f'(name={self.name!r}, size={self.size!r}, mtime={self.mtime!r}, is_dir={self.is_dir!r}, is_link={self.is_link!r}, is_file={self.is_file!r}, mtime_ns={self.mtime_ns!r}, ino={self.ino!r})'
+    def __eq__(self, other):
+      if other.__class__ is self.__class__:
+        return (self.name,self.size,self.mtime,self.is_dir,self.is_link,self.is_file,self.mtime_ns,self.ino,) == (other.name,other.size,other.mtime,other.is_dir,other.is_link,other.is_file,other.mtime_ns,other.ino,)
+      return NotImplemented
+    def __hash__(self):
+      return hash((self.name,self.size,self.mtime,self.is_dir,self.is_link,self.is_file,self.mtime_ns,self.ino,))
+    def __setattr__(self, name, value):
+      if type(self) is _cls or name in _names:
+        raise _Frozen(f'cannot assign to field {name!r}')
+      super(_cls, self).__setattr__(name, value)
+    def __delattr__(self, name):
+      if type(self) is _cls or name in _names:
+        raise _Frozen(f'cannot delete field {name!r}')
+      super(_cls, self).__delattr__(name)
+    return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__, '__hash__': __hash__, '__setattr__': __setattr__, '__delattr__': __delattr__}
+
 def f_c830e225(_d_ready):
     "def __init__(self, target, prompt, ready=_d_ready):\n  self.target = target\n  self.prompt = prompt\n  self.ready = ready\ndef __repr__(self):\n  return self.__class__.__qualname__ + f'(target={self.target!r}, prompt={self.prompt!r}, ready={self.ready!r})'\ndef __eq__(self, other):\n  if other.__class__ is self.__class__:\n    return (self.target,self.prompt,self.ready,) == (other.target,other.prompt,other.ready,)\n  return NotImplemented"
     def __init__(self, target, prompt, ready=_d_ready):
@@ -1702,30 +1731,3 @@ def f_fa942d5a(_MISSING, _f__files, _f_notes, _f_overrides, _f_present):
         return (self.st,self.profile,self.overrides,self._files,self.notes,self.present,) == (other.st,other.profile,other.overrides,other._files,other.notes,other.present,)
       return NotImplemented
     return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__}
-
-def f_fd218e70(_Frozen, _cls, _d_is_file, _d_is_link, _names, _set):
-    "def __init__(self, name, size, mtime, is_dir, is_link=_d_is_link, is_file=_d_is_file):\n  _set(self, 'name', name)\n  _set(self, 'size', size)\n  _set(self, 'mtime', mtime)\n  _set(self, 'is_dir', is_dir)\n  _set(self, 'is_link', is_link)\n  _set(self, 'is_file', is_file)\ndef __repr__(self):\n  return self.__class__.__qualname__ + f'(name={self.name!r}, size={self.size!r}, mtime={self.mtime!r}, is_dir={self.is_dir!r}, is_link={self.is_link!r}, is_file={self.is_file!r})'\ndef __eq__(self, other):\n  if other.__class__ is self.__class__:\n    return (self.name,self.size,self.mtime,self.is_dir,self.is_link,self.is_file,) == (other.name,other.size,other.mtime,other.is_dir,other.is_link,other.is_file,)\n  return NotImplemented\ndef __hash__(self):\n  return hash((self.name,self.size,self.mtime,self.is_dir,self.is_link,self.is_file,))\ndef __setattr__(self, name, value):\n  if type(self) is _cls or name in _names:\n    raise _Frozen(f'cannot assign to field {name!r}')\n  super(_cls, self).__setattr__(name, value)\ndef __delattr__(self, name):\n  if type(self) is _cls or name in _names:\n    raise _Frozen(f'cannot delete field {name!r}')\n  super(_cls, self).__delattr__(name)"
-    def __init__(self, name, size, mtime, is_dir, is_link=_d_is_link, is_file=_d_is_file):
-      _set(self, 'name', name)
-      _set(self, 'size', size)
-      _set(self, 'mtime', mtime)
-      _set(self, 'is_dir', is_dir)
-      _set(self, 'is_link', is_link)
-      _set(self, 'is_file', is_file)
-    def __repr__(self):
-      return self.__class__.__qualname__ + f'(name={self.name!r}, size={self.size!r}, mtime={self.mtime!r}, is_dir={self.is_dir!r}, is_link={self.is_link!r}, is_file={self.is_file!r})'
-    def __eq__(self, other):
-      if other.__class__ is self.__class__:
-        return (self.name,self.size,self.mtime,self.is_dir,self.is_link,self.is_file,) == (other.name,other.size,other.mtime,other.is_dir,other.is_link,other.is_file,)
-      return NotImplemented
-    def __hash__(self):
-      return hash((self.name,self.size,self.mtime,self.is_dir,self.is_link,self.is_file,))
-    def __setattr__(self, name, value):
-      if type(self) is _cls or name in _names:
-        raise _Frozen(f'cannot assign to field {name!r}')
-      super(_cls, self).__setattr__(name, value)
-    def __delattr__(self, name):
-      if type(self) is _cls or name in _names:
-        raise _Frozen(f'cannot delete field {name!r}')
-      super(_cls, self).__delattr__(name)
-    return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__, '__hash__': __hash__, '__setattr__': __setattr__, '__delattr__': __delattr__}

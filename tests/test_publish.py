@@ -607,3 +607,64 @@ def test_a_failed_fsync_publishes_nothing(tmp_path, monkeypatch):
     assert "Input/output error" in str(ei.value) and "__2_0.distcp" in str(ei.value), ei.value
     assert not copier.CANCEL.is_set()
     assert os.listdir(dest) == [], os.listdir(dest)  # no checkpoint, no temp, no tracker
+
+
+def test_a_source_file_replaced_after_it_was_copied_aborts_the_publish(tmp_path):
+    """A file swapped in by a rename after its copy (same size, same mtime, other bytes: only its
+    inode tells) never gets published: the second walk of the source compares inodes.  Forced with
+    the hold hook after the first (largest) file is copied, not timed."""
+    src = megatron_iter(tmp_path / "src" / "iter_0000100", 100)
+    big = max((os.path.join(src, n) for n in os.listdir(src)), key=os.path.getsize)
+    gate = tmp_path / "go"
+    env = {"CKPTDOCTOR_TEST_HOLD_AT": f"copy:{gate}", "CKPTDOCTOR_TEST_PHASE_LOG": str(tmp_path / "phases")}
+    p = subprocess.Popen([sys.executable, "-m", "ckptdoctor", "publish", "--quiet", "--workers", "1", src,
+                          str(tmp_path / "dest")], env={**os.environ, **env}, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):
+            if (tmp_path / "phases").exists() and "copy" in (tmp_path / "phases").read_text():
+                break
+            time.sleep(0.05)
+        st = os.stat(big)
+        other = big + ".new"
+        with open(big, "rb") as fh:
+            data = bytearray(fh.read())
+        data[-1] ^= 0xFF
+        with open(other, "wb") as fh:
+            fh.write(data)
+        os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+        os.rename(other, big)
+        gate.write_text("")
+        out, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 2 and "source changed while publishing" in err and "rewritten" in err, err
+    assert [n for n in os.listdir(tmp_path / "dest") if not n.startswith(".ckptdoctor-lock")] == []
+
+
+def test_publish_stats_each_source_file_only_in_its_walks(tmp_path, monkeypatch):
+    """Issue 42: on a filesystem where a stat is a round trip, publish's per-file work is the copy
+    itself; what it knows of the source comes from its listings (each file statted once per walk,
+    concurrently there), never from one path stat after another (at 2 ms each, 4.1 s of a
+    1,024-shard publish; benchmarks/latency_bench.py publish)."""
+    from ckptdoctor.publishing import flow
+    src = megatron_iter(tmp_path / "src" / "iter_0000100", 100, ranks=16)
+    nfiles = len(os.listdir(src))
+    calls = []
+    for name in ("stat", "lstat"):
+        real = getattr(os, name)
+        monkeypatch.setattr(os, name, lambda p, *a, _r=real, **k: (calls.append(str(p)), _r(p, *a, **k))[1])
+    dest = flow.destination(str(tmp_path / "dest"))
+    res = flow.publish(dest, src, "iter_0000100", "megatron", set(), replace=False, tracker="none",
+                       keep_last=None, keep_every=None, workers=4, progress_factory=lambda *a: _NoProgress())
+    assert res.status == "published", res
+    on_source = [c for c in calls if c.startswith(src + os.sep)]
+    assert len(on_source) < nfiles / 4, (nfiles, on_source[:10])
+
+
+class _NoProgress:
+    def __call__(self, n):
+        pass
+
+    def close(self):
+        pass

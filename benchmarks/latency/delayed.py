@@ -19,6 +19,8 @@ most 1 request in flight, 2.8 ms per file; files of 4 directories: 4 in flight).
 behind NFS or Lustre answers concurrent lookups in one directory, so that layer would measure the
 FUSE client, not the tool.  delayfs.py stays for counting what real syscalls reach the filesystem.
 
+`--plain-cp` copies SRC to DST the plain way (see plain_cp), for `latency_bench.py publish`.
+
 `--plain-find` runs the plain tool instead of ckptdoctor: `find ROOT -printf '%s\n'` done in
 Python (scandir, then one stat per entry), serially or with `--threads` workers, through the same
 layer.
@@ -131,6 +133,41 @@ def plain_find(root: str, threads: int) -> int:
     return total
 
 
+def plain_cp(src: str, dst: str, threads: int) -> int:
+    """`cp -r SRC DST` plus an fsync of each file (what a durable copy needs), done in Python through
+    the same layer: a walk, then per file an open of each side, the bytes, fsync; serially or on
+    `threads` workers (the way parallel copy tools such as mpifileutils' dcp or `parallel cp` run)."""
+    from concurrent.futures import ThreadPoolExecutor
+    rels, stack = [], [""]
+    while stack:
+        sub = stack.pop()
+        os.makedirs(os.path.join(dst, sub), exist_ok=True)
+        for e in os.scandir(os.path.join(src, sub)):
+            r = f"{sub}/{e.name}" if sub else e.name
+            (stack if e.is_dir(follow_symlinks=False) else rels).append(r)
+
+    def one(r: str) -> None:
+        fi = os.open(os.path.join(src, r), os.O_RDONLY)
+        fo = os.open(os.path.join(dst, r), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            while True:
+                b = os.read(fi, 1 << 20)
+                if not b:
+                    break
+                os.write(fo, b)
+            os.fsync(fo)
+        finally:
+            os.close(fi)
+            os.close(fo)
+    if threads > 1:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(one, rels))
+    else:
+        for r in rels:
+            one(r)
+    return len(rels)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--delay-ms", type=float, default=2.0)
@@ -138,6 +175,7 @@ def main() -> int:
     ap.add_argument("--plain-find", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--plain-rm", action="store_true", help="rm -rf ARGS (shutil.rmtree: one unlink after another)")
+    ap.add_argument("--plain-cp", action="store_true", help="cp -r SRC DST with an fsync per file (--threads workers)")
     ap.add_argument("--files", type=int, default=0, help="files in the tree, for operations per file")
     ap.add_argument("args", nargs="*")
     a = ap.parse_args()
@@ -147,6 +185,8 @@ def main() -> int:
     try:
         if a.plain_find:
             plain_find(a.args[0], a.threads)
+        elif a.plain_cp:
+            plain_cp(a.args[0], a.args[1], a.threads)
         elif a.plain_rm:
             import shutil
             for p in a.args:

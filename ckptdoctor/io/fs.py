@@ -82,6 +82,8 @@ class Entry:
     is_dir: bool
     is_link: bool = False
     is_file: bool = True   # a regular file (False: FIFO, socket, device; or a directory)
+    mtime_ns: int = 0      # local listings: exact mtime and inode, so a publish tells a rewritten or
+    ino: int = 0           # replaced source file from the listing alone (no second stat per file)
 
 
 def is_url(location: str) -> bool:
@@ -346,7 +348,7 @@ def _entry_of(de) -> Entry | None:
             return Entry(de.name, 0, None, False, True)
         raise
     return Entry(de.name, st.st_size, st.st_mtime, stat_mod.S_ISDIR(st.st_mode), is_link,
-                 stat_mod.S_ISREG(st.st_mode))
+                 stat_mod.S_ISREG(st.st_mode), st.st_mtime_ns, st.st_ino)
 
 
 class FsspecStorage(Storage):

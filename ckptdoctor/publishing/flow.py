@@ -26,7 +26,7 @@ from ..io.fs import LocalStorage, is_transient, is_url, read_regular, walk_files
 from ..layouts import manifest as mf
 from . import faults, naming
 from .dest import LocalDest, ObjectDest, after_commit
-from .copier import SourceChanged, copy_tree, fsync_tree_dirs, list_tree, snapshot, snapshot_diff
+from .copier import SourceChanged, copy_tree, fsync_tree_dirs, list_tree, snapshot, snapshot_diff, source_tree
 
 
 class PublishRefused(CkptDoctorError):
@@ -169,8 +169,9 @@ def _publish(dest, src, name, layout, markers, *, replace, tracker, keep_last, k
     naming.check_name(name)
     res = PublishResult(src, dest.display, name)
     dest.prepare(name, replace, res)
-    before = snapshot(src)
-    dirs, files = list_tree(src)
+    tree = source_tree(src)
+    before = snapshot(src, tree)
+    dirs, files = list_tree(src, tree)
     files.pop(mf.NAME, None)  # the published manifest is computed from the bytes copied
     res.files, res.bytes = len(files), sum(files.values())
     exists = dest.exists(name)

@@ -10,7 +10,7 @@ from ...io import hashing
 from ...io.fs import read_regular
 from ...layouts import manifest as mf
 from .. import faults, naming
-from ..copier import SourceChanged, copy_workers, gather, list_tree, snapshot, snapshot_diff
+from ..copier import SourceChanged, copy_workers, gather, list_tree, snapshot, snapshot_diff, source_tree
 from .local import LocalParts
 from .records import FileRecord, PartRecord, PartRefused, PartResult, PartSpec, PartTaken, PartTimeout, \
     merge_records
@@ -80,8 +80,9 @@ def commit_all(st: LocalParts, res: PartResult, verify, after_commit_fn, tracker
 
 
 def _copy_part(st: LocalParts, src: str, spec: PartSpec, name: str, res: PartResult, workers, progress_factory):
-    before = snapshot(src)
-    _, files = list_tree(src)
+    tree = source_tree(src)
+    before = snapshot(src, tree)
+    _, files = list_tree(src, tree)
     files.pop(mf.NAME, None)  # the merged manifest is computed from every node's bytes
     res.files, res.bytes = len(files), sum(files.values())
     journal = st.journal()
