@@ -278,7 +278,10 @@ def test_github_annotations_follow_the_workflow_command_syntax(tmp_path):
 
 
 def test_gitlab_code_quality_report_is_valid(tmp_path):
-    """GitLab's code quality artifact: an array of issues with the fields GitLab requires."""
+    """GitLab's code quality artifact: an array of issues with the fields GitLab requires.  GitLab
+    publishes no schema file: the schema below is its documented field table
+    (https://docs.gitlab.com/ci/testing/code_quality/#code-quality-report-format), including the
+    severity values and a location path relative to the project directory, without ./."""
     jsonschema = pytest.importorskip("jsonschema")
     schema = {"type": "array", "items": {
         "type": "object", "required": ["description", "check_name", "fingerprint", "severity", "location"],
@@ -296,6 +299,9 @@ def test_gitlab_code_quality_report_is_valid(tmp_path):
     jsonschema.validate(doc, schema)
     assert rc == 1 and doc and len({d["fingerprint"] for d in doc}) == len(doc)
     assert any(d["severity"] == "major" and d["check_name"].startswith("CKD1") for d in doc)
+    rc, out, err = cli("verify", "--format", "gitlab", run.name, cwd=str(run.parent))   # the CI job's project dir
+    paths = [d["location"]["path"] for d in json.loads(out)]
+    assert paths and all(p.startswith(run.name + "/") or p == run.name for p in paths), paths
     rc, out, err = cli("rules", "--format", "gitlab")
     assert rc == 2 and "text or json" in err
 

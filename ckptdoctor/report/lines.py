@@ -77,5 +77,18 @@ def gitlab_issues(report) -> list[dict]:
         fp = hashlib.sha256(f"{f.rule}\0{f.path}\0{f.message}".encode("utf-8", "surrogateescape")).hexdigest()
         issues.append({"description": f"{f.rule} {f.name}: {_one_line(f.message)}", "check_name": f.rule,
                        "fingerprint": fp, "severity": _GL_SEVERITY[f.severity],
-                       "location": {"path": f.path, "lines": {"begin": 1}}})
+                       "location": {"path": _project_path(f.path), "lines": {"begin": 1}}})
     return issues
+
+
+def _project_path(path: str) -> str:
+    """GitLab's report format wants a path relative to the project directory (the job's working
+    directory), without a leading ./; a path outside it (or a URL) is given as it is."""
+    import os
+    if "://" in path or not path:
+        return path
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel == ".." or rel.startswith("../") else rel
