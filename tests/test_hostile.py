@@ -144,9 +144,21 @@ def test_absurd_header_length_is_a_finding_not_an_allocation(tmp_path):
 
 
 def test_fuzz_index_and_manifest_and_tracker(rss_budget):
+    from ckptdoctor.io.fs import Entry
     from ckptdoctor.layouts.spec import run_layouts
-    trackers_under_test = [l for l in run_layouts() if l.tracker]
+    trackers_under_test = [l for l in run_layouts() if l.tracker and l.tracker.parse != "symlink"]
+    links_under_test = [l for l in run_layouts() if l.tracker and l.tracker.parse == "symlink"]
     assert {l.tracker.parse for l in trackers_under_test} == {"int", "int-or-release", "tag", "json:last_checkpoint_step"}
+    assert links_under_test, "no symlink tracker (Composer's latest-rank0.pt) to fuzz"
+
+    class Link:   # a storage whose tracker link points wherever the fuzzer says
+        root = "/run"
+
+        def __init__(self, text):
+            self.text = text
+
+        def readlink(self, rel):
+            return self.text
 
     @given(st.binary(max_size=300) | st.text(max_size=200).map(str.encode))
     @within_budget
@@ -161,6 +173,11 @@ def test_fuzz_index_and_manifest_and_tracker(rss_budget):
         for lay in trackers_under_test:
             v = trackers.parse(lay, data)
             assert v.target is None or (isinstance(v.target, str) and v.problem is None)
+        text = data.decode("utf-8", "surrogateescape")
+        for lay in links_under_test:   # a link's target is a checkpoint name in the run root, or a problem
+            v = trackers.parse_link(Link(text), lay.tracker.file, Entry(lay.tracker.file, 0, 1.0, False, True, False))
+            assert (v.target is None) != (v.problem is None), v
+            assert v.target is None or ("/" not in v.target and v.target not in ("", ".", "..")), v
     run()
 
 
