@@ -72,6 +72,22 @@ def f_048934bf(_MISSING, _d_read_plan, _f_conflicts):
       return NotImplemented
     return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__}
 
+def f_08acec77(_d_layout, _d_single):
+    "def __init__(self, name, step, files, layout=_d_layout, single=_d_single):\n  self.name = name\n  self.step = step\n  self.files = files\n  self.layout = layout\n  self.single = single\ndef __repr__(self):\n  return self.__class__.__qualname__ + f'(name={self.name!r}, step={self.step!r}, files={self.files!r}, layout={self.layout!r}, single={self.single!r})'\ndef __eq__(self, other):\n  if other.__class__ is self.__class__:\n    return (self.name,self.step,self.files,self.layout,self.single,) == (other.name,other.step,other.files,other.layout,other.single,)\n  return NotImplemented"
+    def __init__(self, name, step, files, layout=_d_layout, single=_d_single):
+      self.name = name
+      self.step = step
+      self.files = files
+      self.layout = layout
+      self.single = single
+    def __repr__(self):
+      return self.__class__.__qualname__ + f'(name={self.name!r}, step={self.step!r}, files={self.files!r}, layout={self.layout!r}, single={self.single!r})'
+    def __eq__(self, other):
+      if other.__class__ is self.__class__:
+        return (self.name,self.step,self.files,self.layout,self.single,) == (other.name,other.step,other.files,other.layout,other.single,)
+      return NotImplemented
+    return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__}
+
 def f_0d9dcd6f():
     "def __init__(self, fqn, size, dtype, chunks):\n  self.fqn = fqn\n  self.size = size\n  self.dtype = dtype\n  self.chunks = chunks\ndef __repr__(self):\n  return self.__class__.__qualname__ + f'(fqn={self.fqn!r}, size={self.size!r}, dtype={self.dtype!r}, chunks={self.chunks!r})'\ndef __eq__(self, other):\n  if other.__class__ is self.__class__:\n    return (self.fqn,self.size,self.dtype,self.chunks,) == (other.fqn,other.size,other.dtype,other.chunks,)\n  return NotImplemented"
     def __init__(self, fqn, size, dtype, chunks):
@@ -876,21 +892,6 @@ def f_7fee01dd(_Frozen, _cls, _d_problems, _names, _set):
         raise _Frozen(f'cannot delete field {name!r}')
       super(_cls, self).__delattr__(name)
     return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__, '__hash__': __hash__, '__setattr__': __setattr__, '__delattr__': __delattr__}
-
-def f_8af8e2bf(_d_layout):
-    "def __init__(self, name, step, files, layout=_d_layout):\n  self.name = name\n  self.step = step\n  self.files = files\n  self.layout = layout\ndef __repr__(self):\n  return self.__class__.__qualname__ + f'(name={self.name!r}, step={self.step!r}, files={self.files!r}, layout={self.layout!r})'\ndef __eq__(self, other):\n  if other.__class__ is self.__class__:\n    return (self.name,self.step,self.files,self.layout,) == (other.name,other.step,other.files,other.layout,)\n  return NotImplemented"
-    def __init__(self, name, step, files, layout=_d_layout):
-      self.name = name
-      self.step = step
-      self.files = files
-      self.layout = layout
-    def __repr__(self):
-      return self.__class__.__qualname__ + f'(name={self.name!r}, step={self.step!r}, files={self.files!r}, layout={self.layout!r})'
-    def __eq__(self, other):
-      if other.__class__ is self.__class__:
-        return (self.name,self.step,self.files,self.layout,) == (other.name,other.step,other.files,other.layout,)
-      return NotImplemented
-    return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__}
 
 def f_8bd09e73():
     "def __init__(self, src, name, spec, stage, verify, after):\n  self.src = src\n  self.name = name\n  self.spec = spec\n  self.stage = stage\n  self.verify = verify\n  self.after = after\ndef __repr__(self):\n  return self.__class__.__qualname__ + f'(src={self.src!r}, name={self.name!r}, spec={self.spec!r}, stage={self.stage!r}, verify={self.verify!r}, after={self.after!r})'\ndef __eq__(self, other):\n  if other.__class__ is self.__class__:\n    return (self.src,self.name,self.spec,self.stage,self.verify,self.after,) == (other.src,other.name,other.spec,other.stage,other.verify,other.after,)\n  return NotImplemented"

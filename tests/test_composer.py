@@ -83,3 +83,22 @@ def test_prune_never_touches_composer_checkpoint_files(tmp_path):
     doc = json.loads(out)
     assert sorted(n for n in os.listdir(run) if not n.startswith(".")) == sorted([B2, B4, LINK]), (rc, doc)
     assert "checkpoint file" in json.dumps(doc), doc
+
+
+def test_preflight_names_the_node_whose_copy_lacks_the_checkpoint_file_every_rank_loads(tmp_path):
+    """Composer's autoresume has every rank load rank 0's file: on node-local copies, a node without
+    it fails; the checkpoint file (not a made-up per-rank shard) is named, with the node's ranks."""
+    for n in ("n1", "n2"):
+        shutil.copytree(RUN, tmp_path / n / "run", symlinks=True)
+    rc, out, err = cli("preflight", f"{tmp_path}/{{node}}/run", "--nodelist", "n1,n2", "--ranks-per-node", "2",
+                       "-f", "json")
+    assert rc == 0 and not json.loads(out)["findings"], (out, err)
+    os.remove(tmp_path / "n2" / "run" / B4)
+    rc, out, err = cli("preflight", f"{tmp_path}/{{node}}/run", "--nodelist", "n1,n2", "--ranks-per-node", "2",
+                       "-f", "json")
+    doc = json.loads(out)
+    assert rc == 1, (out, err)
+    [hit] = [f for f in doc["findings"] if f["rule"] == "CKD403"]
+    assert hit["severity"] == "error" and hit["path"].endswith(f"n2/run/{B4}") and "(ranks 2,3)" in hit["message"], hit
+    assert not [f for f in doc["findings"] if f["rule"] == "CKD401"], doc["findings"]   # no per-rank shards here
+    assert "ep0-ba2-rank0.pt" in json.dumps([f for f in doc["findings"] if f["rule"] == "CKD406"])

@@ -21,6 +21,11 @@ def _ranks(rs: list[int]) -> str:
     return "rank" + ("s " if len(rs) > 1 else " ") + ",".join(map(str, rs))
 
 
+
+def _what(rel: str, name: str | None) -> str:
+    """A file of a checkpoint, named for a message (a single-file checkpoint is the file itself)."""
+    return f"checkpoint file {rel}" if rel == name else f"{rel} of {name or 'the checkpoint'}"
+
 @check("CKD401", "preflight")
 def rank_files_missing(pf, eng):
     for name, v in pf.verdicts.items():
@@ -96,7 +101,7 @@ def global_file_missing(pf, eng):
     for name, v in pf.verdicts.items():
         for g in v.global_missing:
             why = {"missing": "missing", "unreadable": "unreadable (permission denied)"}.get(g.why, g.why)
-            yield Hit(g.path, f"node {g.node}: {g.rel} of {v.name or 'the checkpoint'} is {why}, and "
+            yield Hit(g.path, f"node {g.node}: {_what(g.rel, v.name)} is {why}, and "
                       f"every rank on the node reads it ({_ranks(g.ranks)})", severity=_sev(pf, name),
                       details={"node": g.node, "checkpoint": v.name, "file": g.rel, "ranks": g.ranks, "why": g.why},
                       hint="global files must be on every node (or on shared storage)" if g.why == "missing" else
@@ -267,7 +272,7 @@ def read_set_undecided(pf, eng):
     say whether they read it (no read plan was recorded at save time)."""
     for name, v in pf.verdicts.items():
         for g in v.undecided:
-            yield Hit(g.path, f"node {g.node}: {g.rel} of {v.name or 'the checkpoint'} is not there, and "
+            yield Hit(g.path, f"node {g.node}: {_what(g.rel, v.name)} is not there, and "
                       f"{_ranks(g.ranks)} may read it for {g.keys[0]!r}"
                       + (f" (+{len(g.keys) - 1} more keys)" if len(g.keys) > 1 else "") + f": {g.why}",
                       details={"node": g.node, "checkpoint": v.name, "file": g.rel, "ranks": g.ranks,

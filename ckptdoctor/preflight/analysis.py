@@ -129,7 +129,7 @@ class Preflight:
                     self._unreadable(out, node, name, file, bad)
                 continue
             v = self.views[node]
-            rel = f"{name}/{file}" if name else file
+            rel = self._rel(name, file)
             try:
                 got, size, src = dcp_reader.parse(v.storage.read(rel, 2 << 30)), ck.files[file], node
             except Exception as exc:  # noqa: BLE001 - any failure to read or parse is this node's problem
@@ -148,7 +148,7 @@ class Preflight:
         import os
         import stat
         try:
-            mode = os.stat(st.abspath(f"{name}/{rel}" if name else rel)).st_mode
+            mode = os.stat(st.abspath(self._rel(name, rel))).st_mode
         except OSError as exc:
             return exc.strerror or str(exc)
         return None if stat.S_ISREG(mode) else "not a regular file"
@@ -167,7 +167,7 @@ class Preflight:
         for node, ck in copies.items():
             if mf.NAME in ck.files:
                 try:
-                    raw = self.views[node].storage.read(f"{name}/{mf.NAME}" if name else mf.NAME, mf.MAX_MANIFEST_BYTES)
+                    raw = self.views[node].storage.read(self._rel(name, mf.NAME), mf.MAX_MANIFEST_BYTES)
                 except OSError:
                     return None  # no usable record: decided by evidence (verify reports the manifest)
                 doc = mf.read_plan_of(raw)
@@ -244,7 +244,7 @@ class Preflight:
                  for rel in files_by_rank[r]}
         for node in self.nodes_checked:
             if copies.get(node) is not None:
-                asked.update((node, g) for g in fam.global_files + fam.optional_global)
+                asked.update((node, g) for g in self._globals(fam, name) + list(fam.optional_global))
         self._prefetch_readable(name, [(n, rel) for n, rel in sorted(asked)
                                        if copies.get(n) is not None and rel in copies[n].files])
         miss: dict[tuple[str, str], Gap] = {}
@@ -263,7 +263,8 @@ class Preflight:
                     g.ranks.append(r)
                 elif rel in need and have < need[rel]:
                     short.setdefault((node, rel), Gap(node, name, shown, rel, [], need[rel], have)).ranks.append(r)
-        if not self.shared and out.read_model is None:  # node-local: a rank of ours with no file at all
+        if not self.shared and out.read_model is None and (fam.rank_file is not None or fam.rank_map):
+            # node-local: a rank of ours with no file of its own at all (families whose ranks have own files)
             for r in sorted(mine):
                 if r < world and r not in files_by_rank:
                     node = self.alloc.rank_node[r]
@@ -276,13 +277,27 @@ class Preflight:
             if self.alloc.ranks_of(node) == [] and not self.local:
                 continue
             ck = copies.get(node)
-            globals_ = [g for g in fam.global_files if not (per_rank_fallback and g == ".metadata")]
+            globals_ = [g for g in self._globals(fam, name) if not (per_rank_fallback and g == ".metadata")]
             for g in globals_ + sorted(present_anywhere):
                 if ck is None or g not in ck.files or not self._readable(node, name, g):
                     out.global_missing.append(Gap(node, name, self._show(node, name, g), g,
                                                   self.alloc.ranks_of(node),
                                                   why="missing" if ck is None or g not in ck.files else "unreadable"))
         return out
+
+    def _single(self, name: str) -> bool:
+        """Is checkpoint `name` one file of the run root (Composer), not a directory?"""
+        return any(v.checkpoints.get(name) is not None and v.checkpoints[name].single for v in self.views.values())
+
+    def _rel(self, name: str, rel: str) -> str:
+        """A checkpoint's file, relative to the node's location (a single-file checkpoint's one file
+        is the checkpoint itself, in the run root)."""
+        return f"{name}/{rel}" if name and not self._single(name) else rel
+
+    @staticmethod
+    def _globals(fam, name: str) -> list[str]:
+        """The files every rank reads; `{checkpoint}` is the checkpoint's own name (a single file)."""
+        return [g.replace("{checkpoint}", name) for g in fam.global_files]
 
     def _readable(self, node: str, name: str, rel: str) -> bool:
         """Can this user read the file a rank needs?  access(2) on local storage (stats alone said
@@ -299,7 +314,7 @@ class Preflight:
         if st is None or not st.local:
             return True
         import os
-        return os.access(st.abspath(f"{name}/{rel}" if name else rel), os.R_OK)
+        return os.access(st.abspath(self._rel(name, rel)), os.R_OK)
 
     def _prefetch_readable(self, name: str, pairs: list[tuple[str, str]]) -> None:
         """access(2) of every file the loops below will ask about, in one go: each is a round trip
@@ -313,7 +328,7 @@ class Preflight:
 
     def _show(self, node: str, name: str, rel: str) -> str:
         v = self.views[node]
-        return v.show(f"{name}/{rel}" if name else rel)
+        return v.show(self._rel(name, rel))
 
     # ---- nvidia-resiliency-ext ----------------------------------------------------------------
     @cached_property
@@ -384,7 +399,7 @@ class Preflight:
             ck = v.checkpoints.get(name)
             if ck and mf.NAME in ck.files:
                 try:
-                    doc = json.loads(v.storage.read(f"{name}/{mf.NAME}" if name else mf.NAME, mf.MAX_MANIFEST_BYTES))
+                    doc = json.loads(v.storage.read(self._rel(name, mf.NAME), mf.MAX_MANIFEST_BYTES))
                 except (OSError, ValueError):
                     return None
                 nodes = doc.get("nodes") if isinstance(doc, dict) else None

@@ -66,6 +66,7 @@ class Ckpt:
     step: int | None
     files: dict[str, int]           # relative path -> size
     layout: Layout | None = None
+    single: bool = False            # the checkpoint is one file of the run root (Composer)
 
 
 @value
@@ -128,6 +129,10 @@ def open_view(node: str, location: str) -> NodeView:
         if found.run is not None:               # a run root: its family's step directories
             v.kind, v.run = "run", found.run
             for ck in found.run.checkpoints:
+                if ck.only is not None:   # one file of the run root: the listing already sized it
+                    v.checkpoints[ck.name] = Ckpt(ck.name, ck.step, {ck.only: e.size for e in ck.entries.values()},
+                                                  ck.layout, single=True)
+                    continue
                 try:
                     v.checkpoints[ck.name] = Ckpt(ck.name, ck.step, _files(st, ck.name, list(ck.entries.values())),
                                                   ck.layout)

@@ -30,7 +30,7 @@ def choose_layout(option: str, name: str, existing_files: set[str]) -> Layout | 
             raise UsageError(f"--tracker {option}: checkpoint name {name!r} does not match "
                              f"{lay.steps.pattern.pattern}")
         return lay
-    matching = [l for l in spec.run_layouts() if l.steps.matches(name)]
+    matching = [l for l in spec.run_layouts() if l.steps.matches(name) and not l.steps.files]   # publish makes directories
     if not matching:
         return None
 
