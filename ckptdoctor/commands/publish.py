@@ -53,7 +53,8 @@ def run(src: str, dest_root: str, engine: Engine, *, name: str | None = None, fo
     common = dict(replace=replace, tracker=tracker, keep_last=keep_last, keep_every=keep_every,
                   workers=workers, progress_factory=engine.progress, trust_manifest=trust_manifest)
     try:
-        res = pf.publish(pf.destination(dest_root), src, name, ck.layout.name, markers, **common)
+        res = pf.publish(pf.destination(dest_root), src, name, ck.layout.name, markers,
+                         listing=list(ck.entries.values()), **common)   # listed once, by the verify
     except OSError as exc:
         raise InputError(f"publish: {exc}") from None
     rep.facts["published"] = res.to_json()

@@ -79,12 +79,13 @@ class ChunkDigests:
         return self.digests
 
 
-def source_tree(src: str):
+def source_tree(src: str, top=None):
     """One walk of a local source: every publish decision about it (what to copy, whether it changed
     meanwhile) reads this listing, so each file is statted once per walk (concurrently where a stat
-    is a round trip), never again one by one."""
+    is a round trip), never again one by one.  `top`: the source's own listing when the caller
+    already holds it (the verify of the source made it)."""
     from ..io.fs import LocalStorage, walk
-    return walk(LocalStorage(src))
+    return walk(LocalStorage(src), top=top)
 
 
 def list_tree(src: str, tree=None) -> tuple[list[str], dict[str, int]]:

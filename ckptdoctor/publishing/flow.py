@@ -137,13 +137,14 @@ def _clean_own_leftovers(root: str, name: str, result: PublishResult) -> None:
 
 
 def publish(dest, src: str, name: str, layout: str | None, markers: set[str], *, replace: bool, tracker: str,
-            keep_last, keep_every, workers, progress_factory, trust_manifest: bool = False) -> PublishResult:
+            keep_last, keep_every, workers, progress_factory, trust_manifest: bool = False,
+            listing=None) -> PublishResult:
     """The one commit protocol: stage, fill, seal, commit, after-commit -- over a rename-commit
     (`LocalCommit`) or marker-commit (`ObjectCommit`) destination."""
     try:
         return _publish(dest, src, name, layout, markers, replace=replace, tracker=tracker, keep_last=keep_last,
                         keep_every=keep_every, workers=workers, progress_factory=progress_factory,
-                        trust_manifest=trust_manifest)
+                        trust_manifest=trust_manifest, listing=listing)
     except CkptDoctorError:
         raise
     except Exception as exc:
@@ -163,13 +164,13 @@ def _after_commit(dest, name, res, tracker, keep_last, keep_every) -> None:
 
 
 def _publish(dest, src, name, layout, markers, *, replace, tracker, keep_last, keep_every, workers,
-             progress_factory, trust_manifest=False) -> PublishResult:
+             progress_factory, trust_manifest=False, listing=None) -> PublishResult:
     t0 = time.perf_counter()
     faults.point("start")
     naming.check_name(name)
     res = PublishResult(src, dest.display, name)
     dest.prepare(name, replace, res)
-    tree = source_tree(src)
+    tree = source_tree(src, listing)   # the verify's listing of the source, when it made one
     before = snapshot(src, tree)
     dirs, files = list_tree(src, tree)
     files.pop(mf.NAME, None)  # the published manifest is computed from the bytes copied
