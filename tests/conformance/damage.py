@@ -89,3 +89,37 @@ def run_worker(script: str, mode: str, root: str, env: dict, timeout: float = 60
                 return json.load(fh)
         except (OSError, ValueError):
             return {"raised": "no result (the process died)"}
+
+
+# ---- what every one-process generator does around its own save, load and labels ------------------
+def generator_args(doc: str, library_dir: str):
+    """The generators' command line: `--out DIR` (default tests/fixtures/real/<library_dir>), and the
+    worker mode a generator runs itself in (`--worker MODE --root ROOT --result FILE`)."""
+    import argparse
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(here, "..", "fixtures", "real", library_dir))
+    ap.add_argument("--worker"), ap.add_argument("--root"), ap.add_argument("--result")
+    return ap.parse_args()
+
+
+def run_cases(doc: dict, stage: str, healthy: str, cases: list[dict], judge) -> None:
+    """Each case applied to a fresh copy of the healthy run root, judged by the real library:
+    `judge(root, case) -> (outcome, detail)`; the temporary paths are masked in what is recorded."""
+    import tempfile
+    for case in cases:
+        with tempfile.TemporaryDirectory() as t:
+            root = copy_and_apply(healthy, os.path.join(t, "run"), case["ops"])
+            outcome, detail = judge(root, case)
+            detail = [d.replace(root, "<root>").replace(t, "<tmp>") if isinstance(d, str) else d for d in detail]
+        rec = {"ops": case["ops"], "names": case["names"], "outcome": outcome, "detail": detail}
+        rec.update({k: case[k] for k in ("load",) if case.get(k)})
+        doc["stages"][stage]["cases"][case["name"]] = rec
+        print(f"{stage} {case['name']}: {outcome} {detail}", flush=True)
+
+
+def write_outcomes(out: str, doc: dict) -> None:
+    import json
+    with open(os.path.join(out, "outcomes.json"), "w") as fh:
+        json.dump(doc, fh, indent=1, sort_keys=True)
+        fh.write("\n")

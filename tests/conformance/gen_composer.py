@@ -14,12 +14,10 @@ the same Trainer to batch 6 in a fresh process.  What the resume did:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -97,10 +95,7 @@ def label(seen: dict, want: int) -> tuple[str, list]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(HERE, "..", "fixtures", "real", "composer"))
-    ap.add_argument("--worker"), ap.add_argument("--root"), ap.add_argument("--result")
-    args = ap.parse_args()
+    args = damage.generator_args(__doc__, "composer")
     if args.worker:
         return worker(args.worker, args.root, args.result, json.loads(os.environ.get("CKD_COMPOSER_LOAD", "{}")))
     import composer
@@ -111,19 +106,9 @@ def main() -> None:
     doc = {"library": "mosaicml", "version": composer.__version__, "torch": torch.__version__.split("+")[0],
            "generator": "tests/conformance/gen_composer.py", "world_size": 1,
            "stages": {"composer": {"root": "run", "cases": {}}}}
-    for case in cases():
-        with tempfile.TemporaryDirectory() as t:
-            root = damage.copy_and_apply(healthy, os.path.join(t, "run"), case["ops"])
-            outcome, detail = label(run("load", root, case.get("load")), case["want"])
-            detail = [d.replace(root, "<root>").replace(t, "<tmp>") for d in detail]
-        doc["stages"]["composer"]["cases"][case["name"]] = {
-            "ops": case["ops"], "names": case["names"], "outcome": outcome, "detail": detail,
-            **({"load": case["load"]} if case.get("load") else {})}
-        print(f"composer {case['name']}: {outcome} {detail}", flush=True)
-    with open(os.path.join(args.out, "outcomes.json"), "w") as fh:
-        json.dump(doc, fh, indent=1, sort_keys=True)
-        fh.write("\n")
-
+    damage.run_cases(doc, "composer", healthy, cases(),
+                     lambda root, case: label(run("load", root, case.get("load")), case["want"]))
+    damage.write_outcomes(args.out, doc)
 
 if __name__ == "__main__":
     main()

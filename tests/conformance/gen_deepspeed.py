@@ -212,9 +212,7 @@ def main() -> None:
             st["cases"][case["name"]] = {"ops": case["ops"], "names": case["names"], "outcome": outcome,
                                          "detail": detail}
             print(f"zero{stage} {case['name']}: {outcome} {detail}", flush=True)
-    with open(os.path.join(args.out, "outcomes.json"), "w") as fh:
-        json.dump(doc, fh, indent=1, sort_keys=True)
-        fh.write("\n")
+    damage.write_outcomes(args.out, doc)
 
 
 if __name__ == "__main__":

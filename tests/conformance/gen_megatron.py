@@ -192,9 +192,7 @@ def main() -> None:
         doc["stages"]["torch_dist"]["cases"][case["name"]] = {"ops": case["ops"], "names": case["names"],
                                                               "outcome": outcome, "detail": detail}
         print(f"torch_dist {case['name']}: {outcome} {detail}", flush=True)
-    with open(os.path.join(args.out, "outcomes.json"), "w") as fh:
-        json.dump(doc, fh, indent=1, sort_keys=True)
-        fh.write("\n")
+    damage.write_outcomes(args.out, doc)
 
 
 def blamed(res, want, detail) -> list[int]:

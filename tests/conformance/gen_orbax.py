@@ -17,12 +17,10 @@ fresh manager, `restore(step, args=StandardRestore(abstract_tree))`:
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -95,10 +93,7 @@ def label(seen: dict) -> tuple[str, list]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(HERE, "..", "fixtures", "real", "orbax"))
-    ap.add_argument("--worker"), ap.add_argument("--root"), ap.add_argument("--result")
-    args = ap.parse_args()
+    args = damage.generator_args(__doc__, "orbax")
     if args.worker:
         return worker(args.worker, args.root, args.result)
     import orbax.checkpoint
@@ -112,18 +107,8 @@ def main() -> None:
            "generator": "tests/conformance/gen_orbax.py", "world_size": 1,
            "stages": {"orbax": {"root": "run", "cases": {}}}}
     del orbax
-    for case in cases():
-        with tempfile.TemporaryDirectory() as t:
-            root = damage.copy_and_apply(healthy, os.path.join(t, "run"), case["ops"])
-            outcome, detail = label(run("load", root))
-            detail = [d.replace(root, "<root>") for d in detail]
-        doc["stages"]["orbax"]["cases"][case["name"]] = {"ops": case["ops"], "names": case["names"],
-                                                         "outcome": outcome, "detail": detail}
-        print(f"orbax {case['name']}: {outcome} {detail}", flush=True)
-    with open(os.path.join(args.out, "outcomes.json"), "w") as fh:
-        json.dump(doc, fh, indent=1, sort_keys=True)
-        fh.write("\n")
-
+    damage.run_cases(doc, "orbax", healthy, cases(), lambda root, case: label(run("load", root)))
+    damage.write_outcomes(args.out, doc)
 
 if __name__ == "__main__":
     main()

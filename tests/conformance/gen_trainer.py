@@ -14,12 +14,10 @@ in a fresh process.  A callback looks at what the resume restored when training 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -109,10 +107,7 @@ def label(seen: dict, want_step: int) -> tuple[str, list]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join(HERE, "..", "fixtures", "real", "transformers"))
-    ap.add_argument("--worker"), ap.add_argument("--root"), ap.add_argument("--result")
-    args = ap.parse_args()
+    args = damage.generator_args(__doc__, "transformers")
     if args.worker:
         return worker(args.worker, args.root, args.result)
     import torch
@@ -123,18 +118,8 @@ def main() -> None:
     doc = {"library": "transformers", "version": transformers.__version__, "torch": torch.__version__.split("+")[0],
            "generator": "tests/conformance/gen_trainer.py", "world_size": 1,
            "stages": {"trainer": {"root": "trainer", "cases": {}}}}
-    for case in cases():
-        with tempfile.TemporaryDirectory() as t:
-            root = damage.copy_and_apply(healthy, os.path.join(t, "run"), case["ops"])
-            outcome, detail = label(run("load", root), 4)
-            detail = [d.replace(root, "<root>") for d in detail]
-        doc["stages"]["trainer"]["cases"][case["name"]] = {"ops": case["ops"], "names": case["names"],
-                                                           "outcome": outcome, "detail": detail}
-        print(f"trainer {case['name']}: {outcome} {detail}", flush=True)
-    with open(os.path.join(args.out, "outcomes.json"), "w") as fh:
-        json.dump(doc, fh, indent=1, sort_keys=True)
-        fh.write("\n")
-
+    damage.run_cases(doc, "trainer", healthy, cases(), lambda root, case: label(run("load", root), 4))
+    damage.write_outcomes(args.out, doc)
 
 if __name__ == "__main__":
     main()
