@@ -316,25 +316,50 @@ def expert_collision(ck, eng):
                                "copy); use the save-time guard ckptdoctor.guards.check_unique_shards")
 
 
+def _pickled(name: str) -> str:
+    """'...metadata.StorageMeta' -> 'StorageMeta'; '...metadata.TensorProperties.state[6]' ->
+    'TensorProperties with 6 state fields'."""
+    import re
+    m = re.search(r"\.([A-Za-z_]\w*)\.state\[(\d+)\]$", name)
+    return f"{m.group(1)} with {m.group(2)} state fields" if m else name.rsplit(".", 1)[-1]
+
+
 @check("CKD134", "checkpoint")
 def torch_cannot_load(ck, eng):
     """The torch that will load it (--loader-torch, else the one installed here) must have every
-    global the `.metadata` pickles (rules/torch-loaders.yaml: measured with the real wheels)."""
+    global the `.metadata` pickles, and must not be in a range that fails on what the checkpoint
+    holds (rules/torch-loaders.yaml: measured with the real wheels)."""
     md = _md(ck)
-    if not md or not md.globals:
+    if not md:
         return
     from ..layouts import torchver
-    since, why = torchver.needed(md.globals)
-    if since is None:
-        return
     given = eng.opt("loader_torch")
     loader = given or torchver.installed()
-    if loader is None or torchver.vtuple(loader) >= torchver.vtuple(since):
-        return
     src = "--loader-torch" if given else "installed here"
-    yield Hit(_mdpath(ck), f"torch {loader} ({src}) cannot load this checkpoint: its .metadata pickles "
-                           f"{', '.join(n.rsplit('.', 1)[-1] for n in why)}, which torch has only since {since} "
-                           f"(dcp.load raises AttributeError inside a CheckpointException)",
-              details={"loader_torch": loader, "source": src, "needs": since, "globals": why},
-              hint=f"load it with torch >= {since} (the image that wrote it), or pass --loader-torch with the "
-                   f"job's torch version if it is not the one installed here")
+    since, why = torchver.needed(md.globals) if md.globals else (None, [])
+    gaps = torchver.gaps(md, lambda rel, off, n: ck.storage.read_range(ck.relpath(rel), off, n)) \
+        if ck.storage.local else []
+    ck.results["torch_gaps"] = gaps   # the verify row reports them as a fact
+    if loader is None:
+        return
+    if since is not None and torchver.vtuple(loader) < torchver.vtuple(since):
+        table = torchver.table()
+        said = [_pickled(n) for n in why]
+        raises = sorted({table[n].get("raises", "AttributeError") for n in why})
+        yield Hit(_mdpath(ck), f"torch {loader} ({src}) cannot load this checkpoint: its .metadata pickles "
+                               f"{', '.join(said)}, which torch reads only since {since} "
+                               f"(dcp.load raises {' or '.join(raises)} inside a CheckpointException)",
+                  details={"loader_torch": loader, "source": src, "needs": since, "globals": why},
+                  hint=f"load it with torch >= {since} (the image that wrote it), or pass --loader-torch with the "
+                       f"job's torch version if it is not the one installed here")
+    for g in gaps:
+        if torchver.in_range(loader, g):
+            keys = ", ".join(repr(k) for k in g["keys"][:4]) + (" ..." if len(g["keys"]) > 4 else "")
+            yield Hit(_mdpath(ck), f"torch {loader} ({src}) cannot load this checkpoint into a state dict that "
+                                   f"holds the same values: it stores the non-tensor dict(s) {keys} whole (written "
+                                   f"before torch 2.4), and torch {g['from']} up to {g['until']} look for their "
+                                   f"flattened keys (dcp.load raises {g['raises']} inside a CheckpointException)",
+                      details={"loader_torch": loader, "source": src, "gap": [g["from"], g["until"]],
+                               "keys": g["keys"]},
+                      hint=f"load it with torch < {g['from']} or >= {g['until']}, or pass --loader-torch with the "
+                           f"job's torch version if it is not the one installed here")

@@ -252,6 +252,9 @@ def _row(s: CheckpointStatus) -> dict:
         from ..layouts import torchver
         since, why = torchver.needed(md.globals)
         row["torch"] = {"loadable_by": f">={since}" if since else "any", "because": why}
+        gaps = c.results.get("torch_gaps")
+        if gaps:   # ranges that fail on what it holds (CKD134 read the items that decide it)
+            row["torch"]["except"] = [{"from": g["from"], "until": g["until"], "keys": g["keys"]} for g in gaps]
     return row
 
 

@@ -98,6 +98,9 @@ def _paused(run):
             gc.enable()
 
 
+TP_CLASS = "torch.distributed.checkpoint.metadata.TensorProperties"
+
+
 def _parse(load, into: DcpMetadata | None) -> DcpMetadata:
     try:
         obj = load()
@@ -124,6 +127,7 @@ def _parse(load, into: DcpMetadata | None) -> DcpMetadata:
     # path that only says what is wrong (200k records of a pickle torch wrote: 3.1 -> ~2.0 s).
     # A record BUILD never filled has no attributes: AttributeError, the same MetadataError.
     conv, names = [], {}
+    widest = 0   # the longest TensorProperties state: torch 2.15 pickles 6 fields, older torch unpacks 5
     pop = sdm.popitem
     for _ in range(len(sdm)):
         fqn, meta = pop()   # back to front, each record freed once converted
@@ -150,6 +154,8 @@ def _parse(load, into: DcpMetadata | None) -> DcpMetadata:
             size = _ints(size, f"{fqn} size")
         if type(props) is TensorProperties and len(props) == 1 and type(ps := props[0]) is tuple and ps:
             dtype = ps[0]   # torch >= 2.1's 5-tuple state, inline: a method call per tensor is ~0.1 s per 200k
+            if len(ps) > widest:
+                widest = len(ps)
         else:
             dtype = props.dtype() if type(props) is TensorProperties else None
         if type(dtype) is not DType and dtype is not None:
@@ -157,6 +163,8 @@ def _parse(load, into: DcpMetadata | None) -> DcpMetadata:
                 raise MetadataError(f"{fqn}: dtype is {type(dtype).__name__}, not a torch dtype")
         conv.append(TensorInfo(fqn, size, dtype and (names.get(dtype) or names.setdefault(dtype, str(dtype))),
                                chunks))   # one str per dtype name, not one per tensor
+    if widest > 5:   # which torch can load it (rules/torch-loaders.yaml): a state field, not a global
+        md.globals.add((f"{TP_CLASS}", f"state[{widest}]"))
     if not tensors:
         tensors.update({t.fqn: t for t in reversed(conv)})   # file order again
     else:

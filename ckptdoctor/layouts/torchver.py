@@ -15,9 +15,57 @@ def vtuple(v: str) -> tuple[int, ...]:
 
 
 @functools.lru_cache(maxsize=1)
-def table() -> dict[str, dict]:
+def _doc() -> dict:
     from ..engine.catalog import data_dir, load_yaml
-    return {e["global"]: e for e in load_yaml(data_dir() / "torch-loaders.yaml")["globals"]}
+    return load_yaml(data_dir() / "torch-loaders.yaml")
+
+
+def table() -> dict[str, dict]:
+    return {e["global"]: e for e in _doc()["globals"]}
+
+
+STORAGE_META = "torch.distributed.checkpoint.metadata.StorageMeta"
+DICT_PICKLE = (b"\x80\x02}", b"\x80\x02(")   # a pickled dict: PROTO 2, EMPTY_DICT (or MARK, then items)
+
+
+def gaps(md, read) -> list[dict]:
+    """Loader ranges that cannot load this checkpoint for what it holds (rules/torch-loaders.yaml
+    `gaps`), each with the keys that decide it.  `read(rel, offset, n)` reads n bytes of a storage
+    file; only a pre-2.4 writer's top-level bytes items are read, 64 bytes each."""
+    out = []
+    for e in _doc().get("gaps") or ():
+        if e["kind"] == "unflattened-non-tensor-dict":
+            keys = _nested_bytes(md, read)
+            if keys:
+                out.append(dict(e, keys=keys))
+    return out
+
+
+def _nested_bytes(md, read, limit: int = 64) -> list[str]:
+    """Top-level bytes items that hold a whole dict: a writer before 2.4 (no StorageMeta) that did not
+    flatten a dict of non-tensor values.  Each item is a torch.save zip; its first entry's data is
+    the pickle, which is only looked at (two bytes), never loaded."""
+    import struct
+    if any(f"{m}.{n}" == STORAGE_META for m, n in md.globals):
+        return []
+    top = {k for k in md.byte_keys if "." not in k}
+    found = []
+    for s in md.storage:
+        if s.fqn not in top or len(found) >= limit or s.length < 34:
+            continue
+        try:
+            head = read(s.relative_path, s.file_offset, min(s.length, 512))
+            sig, *_, nlen, xlen = struct.unpack_from("<IHHHHHIIIHH", head)
+            data = head[30 + nlen + xlen:]
+        except (OSError, ValueError, struct.error):
+            continue
+        if sig == 0x04034B50 and data.startswith(DICT_PICKLE):
+            found.append(s.fqn)
+    return sorted(found)
+
+
+def in_range(v: str, gap: dict) -> bool:
+    return vtuple(gap["from"]) <= vtuple(v) < vtuple(gap["until"])
 
 
 def needed(globals_seen) -> tuple[str | None, list[str]]:
