@@ -175,3 +175,23 @@ def test_the_installed_torch_is_the_default_loader(tmp_path, monkeypatch):
     assert "installed here" in hit.message and hit.details["source"] == "installed here"
     monkeypatch.setattr(torchver, "installed", lambda: None)
     assert not api.verify(str(TV / "2.13.0" / "plain")).failed()
+
+
+def test_a_stored_dict_is_recognised_from_its_first_bytes_and_a_damaged_item_decides_nothing(tmp_path):
+    """The 2.4.x gap is read from the bytes item's own zip entry (64 bytes at most, never unpickled):
+    a damaged item is not taken for a dict (no finding from it, no crash), and the checkpoint's other
+    findings are unchanged."""
+    import shutil
+    from ckptdoctor.layouts import dcp as D
+    ck = shutil.copytree(TV / "2.3.1" / "plain", tmp_path / "c")
+    md = D.parse((ck / ".metadata").read_bytes())
+    [s] = [s for s in md.storage if s.fqn == "extra"]
+    rep = api.verify(str(ck), loader_torch="2.4.1")
+    assert [f.rule for f in rep.findings if f.severity == "error"] == ["CKD134"], rep.findings
+    FIRED.add("CKD134")
+    data = bytearray((ck / s.relative_path).read_bytes())
+    data[s.file_offset:s.file_offset + 4] = b"XXXX"     # no zip local header where the item starts
+    (ck / s.relative_path).write_bytes(bytes(data))
+    rep = api.verify(str(ck), loader_torch="2.4.1")
+    assert not [f for f in rep.findings if f.rule == "CKD134"], rep.findings
+    assert "except" not in rep.facts["checkpoints"][0]["torch"]
