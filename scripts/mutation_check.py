@@ -395,9 +395,11 @@ def copy_tree(dst: str) -> None:
                            check=True, capture_output=True).stdout.decode().split("\0")
     for rel in filter(None, files):
         src = os.path.join(ROOT, rel)
-        if os.path.isfile(src):
+        # a tracked symlink stays a link (Composer's latest-rank0.pt fixture): a copy that followed it
+        # is another case (`cp -L`) with another real outcome, and CI's first run failed on exactly that
+        if os.path.islink(src) or os.path.isfile(src):
             os.makedirs(os.path.dirname(os.path.join(dst, rel)), exist_ok=True)
-            shutil.copy2(src, os.path.join(dst, rel))
+            shutil.copy2(src, os.path.join(dst, rel), follow_symlinks=False)
 
 
 def _pytest(work: str, tests: tuple[str, ...], timeout: int, out: list | None = None) -> int:

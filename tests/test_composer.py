@@ -69,6 +69,46 @@ def test_a_rollback_link_names_the_newer_file_composer_refuses_to_start_beside(t
     assert not api.verify(str(run), target="resume").failed()
 
 
+def test_a_link_copied_as_a_file_is_matched_to_the_step_it_copies_and_a_newer_file_beside_it_fails_the_gate(tmp_path):
+    run = _copy(tmp_path)
+    os.remove(run / LINK)
+    shutil.copy2(run / B2, run / LINK)      # rsync -L of a rolled-back run: Composer resumes at batch 2 (measured)
+    rep = api.verify(str(run), target="resume")
+    [hit] = assert_fires(rep, "CKD135", path_contains=B4, severity="error")
+    assert f"{LINK} (a copy of {B2})" in hit.message and hit.details["target"] == LINK
+    # a copy that matches no step file (a directory CRC differs: another archive): no step is guessed
+    data = bytearray((run / LINK).read_bytes())
+    data[data.rfind(b"PK\x01\x02") + 16] ^= 0xFF
+    (run / LINK).write_bytes(bytes(data))
+    assert "CKD135" not in {f.rule for f in api.verify(str(run), target="resume").findings}
+
+
+def test_the_copy_test_reads_the_zip_directory_not_the_data(tmp_path):
+    import zipfile
+    from ckptdoctor.layouts import ptzip
+    big = tmp_path / "ep0-ba8-rank0.pt"
+    with zipfile.ZipFile(big, "w") as zf:   # stored, as torch.save writes: 8 MiB of data, then the directory
+        zf.writestr("ep0-ba8-rank0/data.pkl", b"\x80\x02}q\x00.")
+        zf.writestr("ep0-ba8-rank0/data/0", os.urandom(8 << 20))
+    reads = []
+
+    class Counting:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def seek(self, *a):
+            return self.fh.seek(*a)
+
+        def read(self, n=-1):
+            b = self.fh.read(n)
+            reads.append(len(b))
+            return b
+    with open(big, "rb") as fh:
+        fp = ptzip.fingerprint(Counting(fh))
+    assert fp[0] == big.stat().st_size and [n for n, _, _ in fp[1]] == ["ep0-ba8-rank0/data.pkl", "ep0-ba8-rank0/data/0"]
+    assert sum(reads) < 0xFFFF + 1024, reads   # the end records and two headers, never the 8 MiB
+
+
 def test_the_rollback_hint_names_fix_to_not_plain_fix(tmp_path):
     run = _copy(tmp_path)
     os.remove(run / LINK)

@@ -185,6 +185,22 @@ def members(read, base: int, length: int, limit: int = 100_000) -> list[Member]:
     return out
 
 
+def fingerprint(fh, limit: int = 100_000) -> tuple | None:
+    """What identifies a whole `.pt` archive without reading its data: its size and every member's
+    name, size and the CRC-32 its writer recorded (the central directory and the local headers, a
+    few kilobytes).  Two archives with the same fingerprint hold the same bytes unless someone
+    forged CRCs; None when the directory cannot be read (CKD117 says why)."""
+    size = fh.seek(0, 2)
+
+    def read(off: int, n: int) -> bytes:
+        fh.seek(off)
+        return fh.read(n)
+    try:
+        return (size, tuple((m.name, m.size, m.crc) for m in members(read, 0, size, limit)))
+    except (ZipDirError, struct.error, OSError, ValueError):
+        return None
+
+
 def _zip64_extra(extra: bytes, usize: int, csize: int, lho: int, name: str) -> tuple[int, int, int]:
     i = 0
     while i + 4 <= len(extra):

@@ -40,6 +40,11 @@ def cases() -> list[dict]:
         {"name": "link-at-older", "ops": [["link", LINK, B2]], "names": B4, "want": 2},
         {"name": "killed-newer-save", "ops": [["copy_cut", B4, "ep0-ba6-rank0.pt"]], "names": "ep0-ba6-rank0.pt",
          "want": 4},
+        # the run copied with links followed (cp -L, rsync -L, an object store): the copy is what loads
+        {"name": "copied-link-killed-newer-save", "ops": [["deref", LINK], ["copy_cut", B4, "ep0-ba6-rank0.pt"]],
+         "names": "ep0-ba6-rank0.pt", "want": 4},
+        {"name": "copied-link-at-older", "ops": [["link", LINK, B2], ["deref", LINK]], "names": B4, "want": 2},
+        {"name": "copied-link-target-deleted", "ops": [["deref", LINK], ["delete", B4]], "names": None, "want": 4},
     ]
 
 
