@@ -61,6 +61,23 @@ def test_truncated_shard_reports_expected_and_actual(real):
     assert hit.details["expected_min_bytes"] == 3154
 
 
+def test_a_shard_deleted_after_the_listing_is_named_with_the_systems_reason_and_fails_closed(real, monkeypatch):
+    """The race forced, not timed: the shard disappears between the listing and its open."""
+    from ckptdoctor.checks import verify_dcp
+    d = real("dcp_4rank")
+    real_open = verify_dcp.open_regular
+
+    def vanishing(path, *a, **kw):
+        if path.endswith("__1_0.distcp"):
+            os.remove(path)   # deleted by someone else after verify listed it
+        return real_open(path, *a, **kw)
+    monkeypatch.setattr(verify_dcp, "open_regular", vanishing)
+    rep = api.verify(str(d))
+    [hit] = assert_fires(rep, "CKD901", path_contains="__1_0.distcp", severity="error")
+    assert hit.message.startswith("cannot read __1_0.distcp: No such file or directory (it was listed"), hit.message
+    assert hit.details["errno"] == 2 and rep.failed()
+
+
 def test_overwritten_slice_is_not_a_zip(real):
     d = real("dcp_4rank")
     f = d / "__1_0.distcp"
