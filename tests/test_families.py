@@ -177,6 +177,18 @@ def test_verl_run(tmp_path):
     assert "actor/optim_world_size_2_rank_1.pt" in hits[0].message
 
 
+def test_verl_a_critic_rank_file_missing_is_named_even_when_the_actor_directory_is_gone(tmp_path):
+    """Each component's rank set is judged on its own: a checkpoint without actor/ (a rotation that died
+    between its two deletes) still has its critic's missing rank named."""
+    ck = tmp_path / "verl" / "global_step_20"
+    verl_step(ck, 20)
+    shutil.rmtree(ck / "actor")
+    os.remove(ck / "critic" / "model_world_size_2_rank_1.pt")
+    rep = api.verify(str(ck))
+    [hit] = assert_fires(rep, "CKD122", path_contains="global_step_20/critic", severity="error")
+    assert hit.details["missing_files"] == ["critic/model_world_size_2_rank_1.pt"] and rep.failed()
+
+
 # ---- NeMo-RL -------------------------------------------------------------------------------------------
 def test_nemo_rl_run_and_staging(tmp_path):
     import sys
