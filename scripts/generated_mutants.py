@@ -5,6 +5,7 @@ guard its module -- or be listed in MUTATION.md as equivalent, with a one-line r
 
     python scripts/generated_mutants.py                 # the seeded sample CI runs (6 mutants)
     python scripts/generated_mutants.py --sample 40 --seed 7
+    python scripts/generated_mutants.py --list             # which mutants CI draws for this code, not run
     python scripts/generated_mutants.py --all --group runstate --record benchmarks/mutation/runstate.jsonl
 
 cosmic-ray enumerates the mutants (`cosmic-ray init`: operators, occurrences) and applies each to a
@@ -121,6 +122,12 @@ def annotation_only(source: str, line: int, diff: str | None) -> bool:
         return False
 
 
+def _identity(item) -> tuple:
+    """What a mutant is, independent of the run that enumerated it."""
+    m = item.mutations[0]
+    return (str(m.module_path), m.operator_name, m.occurrence, tuple(m.start_pos), tuple(m.end_pos))
+
+
 def equivalents(path: str = EQUIVALENTS) -> dict[str, str]:
     """MUTATION.md's table of equivalent mutants: | `module: old => new` | reason |"""
     out = {}
@@ -161,6 +168,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, help="default: a digest of the decision modules' source")
     ap.add_argument("--group", action="append", choices=sorted(GROUPS), help="only these groups (repeatable)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per mutant (a hang counts as killed)")
+    ap.add_argument("--list", action="store_true", help="print the drawn mutants (module:line operator) and stop")
     ap.add_argument("--record", help="append one JSON line per mutant to this file")
     ap.add_argument("--budget", type=float, help="start no further group after this many seconds (CI's time "
                                                    "limit); the drawn mutants not run are listed")
@@ -181,11 +189,21 @@ def main() -> int:
             cfg = _config(work, g, a.timeout)
             _cr(work, "init", cfg, os.path.join(work, f".cr-{g}.sqlite"))
             with use_db(os.path.join(work, f".cr-{g}.sqlite"), WorkDB.Mode.open) as db:
-                population += [(g, item.job_id) for item in db.work_items]
+                population += [(g, item.job_id, _identity(item)) for item in db.work_items]
+        # drawn in an order of what each mutant is (job ids are fresh UUIDs per init and the work
+        # database returns rows unordered): measured, two runs of one seed drew different mutants
+        population.sort(key=lambda p: (p[0], p[2]))
+        what = {(g, job): ident for g, job, ident in population}
+        population = [(g, job) for g, job, _ in population]
         chosen = set(population) if a.all else set(random.Random(seed).sample(population, min(a.sample,
                                                                                               len(population))))
         print(f"generated mutants: {len(chosen)} of {len(population)} drawn (seed {seed}); running those in "
               f"{', '.join(groups)}: {sum(g in groups for g, _ in chosen)}", flush=True)
+        if a.list:
+            for g, job in sorted(chosen, key=lambda c: (c[0], what[c])):
+                mod, op, occ, start, _ = what[(g, job)]
+                print(f"{g:<11} {os.path.relpath(os.path.join(work, mod), work)}:{start[0]}  {op} #{occ}")
+            return 0
         rows = []
         started = time.monotonic()
         for g in groups:
