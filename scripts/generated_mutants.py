@@ -200,6 +200,8 @@ def main() -> int:
         print(f"generated mutants: {len(chosen)} of {len(population)} drawn (seed {seed}); running those in "
               f"{', '.join(groups)}: {sum(g in groups for g, _ in chosen)}", flush=True)
         if a.list:
+            sizes = {g: sum(p[0] == g for p in population) for g in drawn_from}
+            print("population: " + ", ".join(f"{g} {n}" for g, n in sizes.items()), flush=True)
             for g, job in sorted(chosen, key=lambda c: (c[0], what[c])):
                 mod, op, occ, start, _ = what[(g, job)]
                 print(f"{g:<11} {os.path.relpath(os.path.join(work, mod), work)}:{start[0]}  {op} #{occ}")

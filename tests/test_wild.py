@@ -243,3 +243,26 @@ def test_nvrx_a_replica_of_another_ranks_file_does_not_stand_for_a_ranks_own(wil
     rep = api.verify(str(root))
     assert_fires(rep, "CKD118", severity="error")
     assert "1/iter_0000200_1_local.pt" in next(f for f in rep.findings if f.rule == "CKD118").message
+
+
+@pytest.mark.parametrize("lacking", [1, 5, 7])
+def test_nvrx_fallback_names_up_to_five_missing_files_and_counts_the_rest(wild, lacking):
+    """CKD118 names each rank's missing file of the newest iteration: all of them when there are
+    at most five, else the first five and "(+N more)" with the exact remainder; never a "more"
+    tail when nothing is left out. Ranks beyond the real two are the real rank 1's older file
+    renamed for each owner (the check reads names only)."""
+    root = wild("nvrx/fallback")
+    older = (root / "1" / "iter_0000100_1_local.pt").read_bytes()
+    for r in range(2, lacking + 1):
+        (root / str(r)).mkdir()
+        (root / str(r) / f"iter_0000100_{r}_local.pt").write_bytes(older)
+    rep = api.verify(str(root))
+    hit = next(f for f in rep.findings if f.rule == "CKD118")
+    assert hit.severity == "warning" and "resume from iteration 100" in hit.message, hit.message
+    named = [f"{r}/iter_0000200_{r}_local.pt" for r in range(1, lacking + 1)]
+    assert [n for n in named if n in hit.message] == named[:5], hit.message
+    if lacking > 5:
+        assert f"(+{lacking - 5} more)" in hit.message, hit.message
+    else:
+        assert "more)" not in hit.message, hit.message
+    assert hit.details["missing"] == named
