@@ -195,3 +195,27 @@ def test_a_stored_dict_is_recognised_from_its_first_bytes_and_a_damaged_item_dec
     rep = api.verify(str(ck), loader_torch="2.4.1")
     assert not [f for f in rep.findings if f.rule == "CKD134"], rep.findings
     assert "except" not in rep.facts["checkpoints"][0]["torch"]
+
+
+def test_the_readme_states_for_each_family_the_library_version_and_case_count_it_was_proven_with():
+    """The README's "Proven against the real libraries" table is what a user trusts: each stamped
+    generator's row names its library and torch (or jax) versions, its world and the number of
+    cases it recorded (the Composer row said 10 after the generator recorded 13)."""
+    readme = (HERE.parent / "README.md").read_text()
+    table = readme.split("### Proven against the real libraries", 1)[1].split("\n\n|", 1)[1].split("\n\n", 1)[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in ("|" + table).splitlines()[2:]]
+    checked = 0
+    for path in sorted(REAL.glob("*/outcomes.json")):
+        out = json.loads(path.read_text())
+        lib = f"{out['library']} {out['version']}"
+        row = next((r for r in rows if lib in r[1]), None)
+        assert row is not None, f"no README row proven with {lib} ({path.parent.name})"
+        for dep in ("torch", "jax"):
+            if out.get(dep):
+                assert f"{dep} {out[dep]}" in row[1], (row[1], dep, out[dep])
+        cases = sum(len(stage["cases"]) for stage in out["stages"].values())
+        assert row[3] == str(cases), (lib, row[3], cases)
+        world = "1 process" if out["world_size"] == 1 else f"{out['world_size']} gloo ranks"
+        assert row[2] == world, (lib, row[2], world)
+        checked += 1
+    assert checked >= 5
