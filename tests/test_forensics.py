@@ -63,6 +63,12 @@ def test_forensics_names_the_true_first_cause_rank_file_and_class(name):
     assert rep.facts["timed_out_ranks"] == truth["after"]
     assert not set(truth["after"]) & set(first["ranks"]), "a rank that only failed after was blamed"
     assert not rep.failed(), "a cause found and explained exits 0"
+    # the message opens with who failed, then when, to the millisecond the log gave
+    rs = truth["ranks"]
+    who = "the process" if not rs else f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(map(str, rs))
+    who += f" on {first['host']}" if first.get("host") else ""
+    when = f" at {first['time'][:23]}" if first.get("time") else ""
+    assert hit.message.startswith(f"{who} failed first{when}: "), (who, when, hit.message)
 
 
 @pytest.mark.parametrize("name", [n for n in CASES if DOC["cases"][n]["truth"]["after"]])
@@ -290,3 +296,21 @@ def test_a_file_failures_hint_names_the_ckptdoctor_command_that_fixes_it_with_th
         rc, out, err = cli("forensics", *_logs(name), "--run-root", str(root), "--format", "json")
         [f] = [f for f in json.loads(out)["findings"] if f["rule"] == "CKD601"]
         assert "RUN_ROOT" not in f["hint"] and "CHECKPOINT" not in f["hint"], f["hint"]
+
+
+def test_many_ranks_are_named_by_the_first_eight_and_the_exact_count_of_the_rest():
+    """A 4,096-rank job's timeouts must not print 4,096 numbers, nor hide how many there were:
+    up to eight ranks are named, the rest counted exactly ("and 2 more"); one is "rank N"."""
+    from types import SimpleNamespace as NS
+    from ckptdoctor.checks import forensics as F
+    first = {"ranks": [5], "log": "job.log", "line": 7, "exception": "FileNotFoundError", "message": None,
+             "path": None, "time": None, "what": "a file is missing", "certain": True, "class": "file", "fix": None}
+    for after, said in (([1, 2], "ranks 1, 2 only"), (list(range(8)), "ranks 0, 1, 2, 3, 4, 5, 6, 7 only"),
+                        (list(range(10)), "ranks 0, 1, 2, 3, 4, 5, 6, 7 and 2 more only"),
+                        (list(range(20)), "ranks 0, 1, 2, 3, 4, 5, 6, 7 and 12 more only")):
+        sub = NS(analysis=NS(first=first, failed_after=after), checkpoint=None, run_root=None)
+        [hit] = list(F.failed_after(sub, None))
+        assert hit.message.startswith(said + " failed after it"), (said, hit.message)
+    sub = NS(analysis=NS(first=first, failed_after=[]), checkpoint=None, run_root=None)
+    [hit] = list(F.first_failure(sub, None))
+    assert hit.message.startswith("rank 5 failed first: FileNotFoundError"), hit.message
