@@ -93,6 +93,7 @@ def test_with_the_run_root_the_broken_checkpoint_is_verified_and_linked(tmp_path
     assert ck["path"] == os.path.join(str(tmp_path / "copy"), want_dir), ck
     assert ck["broken"] and rc == 1, (rc, ck, err)
     assert ck["linked"] and any(os.path.basename(want) in (x["path"] + x["message"]) for x in ck["linked"]), ck
+    assert not [f for f in doc["findings"] if f["rule"] == "CKD604"], "linked, yet said not to be found"
     assert f"checkpoint {ck['path']}" in cli("forensics", *_logs(name), "--run-root", str(root))[1]
 
 
@@ -173,6 +174,11 @@ def test_a_log_without_a_checkpoint_failure_says_so_and_exits_0(tmp_path):
     [f] = [f for f in doc["findings"] if f["rule"] == "CKD603"]
     FIRED.add("CKD603")
     assert f["severity"] == "info" and "ValueError" in f["message"]
+    assert f["path"] == str(log), f  # one log: the finding points at it
+    other = tmp_path / "ok2.log"
+    other.write_text("step 2 loss 2.1\n")
+    [f] = [f for f in api.forensics([str(log), str(other)]).findings if f.rule == "CKD603"]
+    assert f.path == "2 logs" and "in 5 line(s) of 2 log(s)" in f.message, (f.path, f.message)
 
 
 def test_a_survived_traceback_is_evidence_not_the_failure():
