@@ -69,6 +69,12 @@ def test_forensics_names_the_true_first_cause_rank_file_and_class(name):
     who += f" on {first['host']}" if first.get("host") else ""
     when = f" at {first['time'][:23]}" if first.get("time") else ""
     assert hit.message.startswith(f"{who} failed first{when}: "), (who, when, hit.message)
+    # the error's own words, at most 160 characters of them; the class, and a guess said to be one
+    if first.get("message") and first["message"] != first["exception"]:
+        assert f" ({first['message'][:160]})" in hit.message, hit.message
+        assert first["message"][:161] not in hit.message or len(first["message"]) <= 160, hit.message
+    likely = "" if first["certain"] else " (likely: nothing in the log says more)"
+    assert hit.message.endswith(f"[{first['class']}: {first['what']}{likely}]"), hit.message
 
 
 @pytest.mark.parametrize("name", [n for n in CASES if DOC["cases"][n]["truth"]["after"]])
