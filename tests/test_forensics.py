@@ -182,9 +182,10 @@ def test_a_log_without_a_checkpoint_failure_says_so_and_exits_0(tmp_path):
     assert f["severity"] == "info" and "ValueError" in f["message"]
     assert f["path"] == str(log), f  # one log: the finding points at it
     other = tmp_path / "ok2.log"
-    other.write_text("step 2 loss 2.1\n")
+    other.write_text("Traceback (most recent call last):\n  File \"y.py\", line 2\nKeyError: 'lr'\n")
     [f] = [f for f in api.forensics([str(log), str(other)]).findings if f.rule == "CKD603"]
-    assert f.path == "2 logs" and "in 5 line(s) of 2 log(s)" in f.message, (f.path, f.message)
+    assert f.path == "2 logs" and "in 7 line(s) of 2 log(s)" in f.message, (f.path, f.message)
+    assert "the first other failure is ValueError" in f.message, f.message  # not the last one
 
 
 def test_a_survived_traceback_is_evidence_not_the_failure():
@@ -318,6 +319,7 @@ def test_many_ranks_are_named_by_the_first_eight_and_the_exact_count_of_the_rest
     first = {"ranks": [5], "log": "job.log", "line": 7, "exception": "FileNotFoundError", "message": None,
              "path": None, "time": None, "what": "a file is missing", "certain": True, "class": "file", "fix": None}
     for after, said in (([1, 2], "ranks 1, 2 only"), (list(range(8)), "ranks 0, 1, 2, 3, 4, 5, 6, 7 only"),
+                        (list(range(9)), "ranks 0, 1, 2, 3, 4, 5, 6, 7 and 1 more only"),
                         (list(range(10)), "ranks 0, 1, 2, 3, 4, 5, 6, 7 and 2 more only"),
                         (list(range(20)), "ranks 0, 1, 2, 3, 4, 5, 6, 7 and 12 more only")):
         sub = NS(analysis=NS(first=first, failed_after=after), checkpoint=None, run_root=None)
