@@ -62,6 +62,7 @@ def test_forensics_names_the_true_first_cause_rank_file_and_class(name):
         assert first["path"] is None
     assert rep.facts["timed_out_ranks"] == truth["after"]
     assert not set(truth["after"]) & set(first["ranks"]), "a rank that only failed after was blamed"
+    assert any(f.rule == "CKD602" for f in rep.findings) == bool(truth["after"]), "CKD602 without such a rank"
     assert not rep.failed(), "a cause found and explained exits 0"
     # the message opens with who failed, then when, to the millisecond the log gave
     rs = truth["ranks"]
