@@ -94,6 +94,32 @@ def test_the_compiled_yaml_artefact_follows_the_yaml(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["compiled.json", "rules"]
 
 
+def test_an_installed_wheel_reads_its_compiled_rules_without_a_metadata_call_per_rule_file(tmp_path, monkeypatch):
+    """A wheel ships its rules as ckptdoctor/_rules, built with the artefact: start-up trusts the
+    artefact without statting every YAML file (each stat is a round trip on a shared filesystem);
+    a damaged artefact still falls back to parsing the YAML."""
+    from ckptdoctor.engine import yamlcache
+    root = tmp_path / "_rules"
+    root.mkdir()
+    (root / "a.yaml").write_text("x: 1\n")
+    art = tmp_path / "compiled.json"
+    art.write_text(yamlcache.compile_all(root))
+    monkeypatch.setattr(yamlcache, "ARTEFACT", art)
+    monkeypatch.setattr(yamlcache, "_DOCS", {})
+    walked = []
+    monkeypatch.setattr(yamlcache, "_signature", lambda r, real=yamlcache._signature: (walked.append(r), real(r))[1])
+    assert yamlcache.docs(root) == {"a.yaml": {"x": 1}} and not walked
+    art.write_text("{damaged")
+    monkeypatch.setattr(yamlcache, "_DOCS", {})
+    assert yamlcache.docs(root) == {"a.yaml": {"x": 1}} and walked == [root]
+    monkeypatch.setattr(yamlcache, "_DOCS", {})
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "a.yaml").write_text("x: 1\n")
+    art.write_text(yamlcache.compile_all(tmp_path / "rules"))
+    walked.clear()
+    assert yamlcache.docs(tmp_path / "rules") == {"a.yaml": {"x": 1}} and walked == [tmp_path / "rules"]  # a checkout: checked
+
+
 def test_the_shipped_artefacts_are_what_start_up_uses():
     """The package's own artefacts match the shipped YAML and CLI (tests/test_docs.py checks they are
     current); a plain command uses them: neither typer nor the YAML parser is imported."""

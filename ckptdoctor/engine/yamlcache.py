@@ -6,7 +6,12 @@ file's size.  At run time one walk of the rules directory (a stat per file, unde
 sizes: when they match, the compiled documents are used; when not (a YAML file edited in a checkout
 without regenerating, which tests/test_docs.py also fails on), the YAML is parsed, as without an
 artefact.  Nothing is written at run time, anywhere: the user's home is never touched (a cache keyed
-by stat there went stale and grew by a file per checkout; a Prolog's home may be read-only)."""
+by stat there went stale and grew by a file per checkout; a Prolog's home may be read-only).
+
+An installed wheel (rules shipped as `ckptdoctor/_rules`) skips the walk: its artefact was built
+from those very files in the same build, and a site install often lives on a shared filesystem
+where each of the ~100 stats is a metadata round trip (0.2 s of every start-up at 2 ms per call,
+measured with benchmarks/latency/delayed.py)."""
 from __future__ import annotations
 
 import json
@@ -47,16 +52,20 @@ def docs(root: Path) -> dict[str, object]:
     key = str(root)
     if key in _DOCS:
         return _DOCS[key]
-    sig = _signature(root)
+    installed = root.name == "_rules"   # a wheel's rules, built together with its artefact
+    sig = None if installed else _signature(root)
     try:
         with open(ARTEFACT, "rb") as fh:
             got = json.loads(fh.read())
-        if isinstance(got, dict) and got.get("sizes") == {r: n for r, n in sig}:
+        if isinstance(got, dict) and isinstance(got.get("docs"), dict) and isinstance(got.get("sizes"), dict) and (
+                (installed and set(got["docs"]) == set(got["sizes"])) or
+                (sig is not None and got["sizes"] == {r: n for r, n in sig})):
             _DOCS[key] = got["docs"]
             return got["docs"]
     except (OSError, ValueError, RecursionError, AttributeError):
         pass  # absent (a checkout before its first gen_docs) or damaged: parse the YAML
     from .catalog import parse_yaml as parse
+    sig = sig if sig is not None else _signature(root)
     parsed = {s[0]: parse(_read(root, s[0])) for s in sig}
     _DOCS[key] = parsed
     return parsed
