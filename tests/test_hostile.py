@@ -26,7 +26,7 @@ from ckptdoctor.runstate import pathexpr
 from ckptdoctor.runstate.schema import normalize
 from ckptdoctor.slurm.hostlist import HostlistError, expand
 from ckptdoctor.engine.errors import InputError
-from helpers import as_unprivileged, assert_fires, cli
+from helpers import assert_fires, cli
 
 settings.register_profile("ci", max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("fuzz", max_examples=20000, deadline=5000, suppress_health_check=[HealthCheck.too_slow])
@@ -572,3 +572,82 @@ def test_dcp_records_built_twice_or_from_an_iterable_are_refused():
         pickle.MARK + empty_md + pickle.TUPLE + pickle.TUPLE + pickle.REDUCE + pickle.STOP
     with pytest.raises(dcp.MetadataError):
         dcp.parse(reduced)   # Metadata(({...},)): a list holding one dict, but no BUILD made it
+
+
+# ---- the address-space budget a pickle loads under (io.unpickle.memory_budget) -------------------
+_BUDGET_PROBE = r'''
+import json, resource, sys
+from ckptdoctor.io.unpickle import PickleTooBig, memory_budget
+case = sys.argv[1]
+if case == "no-resource":
+    sys.modules["resource"] = None          # a platform without it (Windows): no cap, the load still runs
+    with memory_budget(64 << 20):
+        print(json.dumps({"allocated": len(bytearray(16 << 20))}))
+    sys.exit(0)
+def vm():
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[0]) * resource.getpagesize()
+ballast = bytearray(256 << 20)              # a process already holding memory (a budget counted from 0 would fit nothing)
+if case == "site-loose":                    # a site limit looser than the budget
+    resource.setrlimit(resource.RLIMIT_AS, (vm() + (8 << 30), resource.RLIM_INFINITY))
+elif case == "site-tight":                  # a site limit tighter than the budget
+    resource.setrlimit(resource.RLIMIT_AS, (vm() + (512 << 20), resource.RLIM_INFINITY))
+before = resource.getrlimit(resource.RLIMIT_AS)
+out = {}
+with memory_budget(1 << 30 if case == "site-tight" else 64 << 20):
+    out["inside"] = resource.getrlimit(resource.RLIMIT_AS)[0]
+    out["small"] = len(bytearray(16 << 20))    # well inside what the pickle may add
+try:
+    with memory_budget(64 << 20):
+        bytearray(1 << 30)
+    out["big"] = "allocated"
+except PickleTooBig as exc:
+    out["big"] = str(exc)
+except MemoryError:
+    out["big"] = "MemoryError"
+out["restored"] = resource.getrlimit(resource.RLIMIT_AS) == before
+out["before"] = before[0]
+print(json.dumps(out))
+'''
+
+
+def _budget(case: str) -> dict:
+    p = subprocess.run([sys.executable, "-c", _BUDGET_PROBE, case], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def test_a_pickle_may_add_its_budget_to_the_address_space_and_no_more_and_the_limit_is_restored():
+    """The budget is what loading may add to the process as it stands (here one already holding
+    256 MiB), not a total: 16 MiB fits in 64 MiB, 1 GiB is refused as PickleTooBig naming the budget in MiB, and the process's own
+    limit is back afterwards."""
+    r = _budget("none")
+    assert r["small"] == 16 << 20
+    assert r["big"] == "needs more than 64 MiB to unpickle"
+    assert r["restored"]
+
+
+def test_a_site_address_space_limit_looser_than_the_budget_does_not_switch_the_budget_off():
+    """A Slurm job often runs under a finite RLIMIT_AS; the pickle budget is still enforced inside
+    it, and the site's limit is restored."""
+    r = _budget("site-loose")
+    assert r["big"] == "needs more than 64 MiB to unpickle"
+    assert r["restored"] and r["inside"] < r["before"]
+
+
+def test_a_site_address_space_limit_tighter_than_the_budget_is_never_loosened():
+    r = _budget("site-tight")
+    assert r["inside"] == r["before"], "the budget raised a limit the site had set lower"
+    assert r["small"] == 16 << 20 and r["restored"]
+
+
+def test_without_the_resource_module_a_pickle_loads_without_a_cap():
+    assert _budget("no-resource") == {"allocated": 16 << 20}
+
+
+def test_a_pickle_is_granted_sixteen_bytes_of_objects_per_pickled_byte_over_a_64_mib_floor():
+    """Real DCP metadata grows ~8x when unpickled (1M records measured): the budget's documented
+    shape, so a large real .metadata is never refused for memory."""
+    from ckptdoctor.io.unpickle import pickle_budget
+    for size in (0, 1, 4 << 20, 300 << 20):
+        assert pickle_budget(size) == 16 * size + (64 << 20)

@@ -14,7 +14,6 @@ TYPE_CHECKING = False  # typing is imported by type checkers only: ~5 ms of star
 if TYPE_CHECKING:
     from typing import Any
 
-MAX_PICKLE_BYTES = 2 << 30  # a larger pickle is refused before it is read
 
 
 class RefusedGlobal(pickle.UnpicklingError):
