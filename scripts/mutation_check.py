@@ -382,11 +382,11 @@ MUTANTS = [
       "            ck.read_data = False",
       ("tests/test_slow_storage.py::test_the_gate_still_reads_every_shard_of_the_checkpoint_it_resumes",),
       "the relaunch gate passes a resume target whose shard bytes it never read"),
-    M("prefetched-fds-leak", "ckptdoctor/io/fs.py",
-      "                if cleanup is not None:\n                    for rest in done[k + 1:]:",
-      "                if False:\n                    for rest in done[k + 1:]:",
-      ("tests/test_slow_storage.py::test_descriptors_opened_ahead_are_closed_when_the_reader_stops_early",),
-      "shard descriptors opened ahead leak when a check stops early"),
+    M("shard-reads-serial", "ckptdoctor/checks/verify_dcp.py",
+      "map_io(lambda job: _shard_slices(ck, readers, files[job[0]].size, *job), todo)",
+      "map(lambda job: _shard_slices(ck, readers, files[job[0]].size, *job), todo)",
+      ("tests/test_slow_storage.py::test_on_slow_storage_the_shard_bytes_are_read_together_not_one_shard_after_another",),
+      "on a parallel filesystem the gate reads its target's shards one round trip after another"),
 ]
 
 

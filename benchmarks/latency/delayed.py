@@ -8,7 +8,9 @@ DirEntry.stat it yields, os.listdir, os.open, os.access, os.readlink, os.unlink,
 os.rename) so that each sleeps
 `--delay-ms` before doing the real call (with `--only-under DIR`, only calls on paths under DIR: the
 storage measured, not the tool's own install, whose ~100 rule-file stats in a source checkout
-were charged as if they were the checkpoint's until session 22; they are counted as "uncharged").  time.sleep releases the GIL, so calls made from several
+were charged as if they were the checkpoint's until session 22; they are counted as "uncharged").
+`--read-delay-ms` also charges each os.read, os.pread and os.preadv (a cold read on a parallel
+filesystem is a round trip to a data server); off unless given.  time.sleep releases the GIL, so calls made from several
 threads are answered concurrently, as a parallel filesystem's metadata servers answer concurrent
 requests.  It is the same code path ckptdoctor takes on a local disk; only the cost per call is
 changed.  `--stats` receives operations by kind, operations per file of the tree, the largest
@@ -37,15 +39,21 @@ import threading
 import time
 
 _real = {n: getattr(os, n) for n in ("stat", "lstat", "scandir", "listdir", "open", "access", "readlink", "unlink",
-                                     "rmdir", "rename")}
+                                     "rmdir", "rename", "read", "pread", "preadv")}
 _lock = threading.Lock()
-state = {"ops": {}, "in_flight": 0, "max_in_flight": 0, "delay": 0.0, "under": (), "uncharged": 0}
+state = {"ops": {}, "in_flight": 0, "max_in_flight": 0, "delay": 0.0, "under": (), "uncharged": 0,
+         "read_delay": 0.0}
 
 
 def _measured(path) -> bool:
     """Whether a call on `path` reaches the storage measured (a descriptor: it does)."""
-    if not state["under"] or isinstance(path, int):
+    if not state["under"]:
         return True
+    if isinstance(path, int):   # a descriptor: measured when it names a file under the roots
+        try:
+            path = _real["readlink"](f"/proc/self/fd/{path}")
+        except OSError:
+            return True
     p = os.fsdecode(os.fspath(path))
     if not p.startswith("/"):
         p = os.path.join(os.getcwd(), p)
@@ -62,8 +70,9 @@ def _charge(kind: str, path=None) -> None:
         state["in_flight"] += 1
         state["max_in_flight"] = max(state["max_in_flight"], state["in_flight"])
     try:
-        if state["delay"]:
-            time.sleep(state["delay"])
+        delay = state["read_delay"] if kind == "read" else state["delay"]
+        if delay:
+            time.sleep(delay)
     finally:
         with _lock:
             state["in_flight"] -= 1
@@ -107,8 +116,9 @@ class _Scandir:
         self._it.close()
 
 
-def install(delay_s: float, under: tuple[str, ...] = ()) -> None:
+def install(delay_s: float, under: tuple[str, ...] = (), read_delay_s: float = 0.0) -> None:
     state["delay"] = delay_s
+    state["read_delay"] = read_delay_s
     state["under"] = tuple(os.path.join(os.path.realpath(u), "") for u in under)
 
     def wrap(kind, fn):
@@ -126,6 +136,10 @@ def install(delay_s: float, under: tuple[str, ...] = ()) -> None:
     os.unlink = wrap("unlink", _real["unlink"])
     os.rmdir = wrap("rmdir", _real["rmdir"])
     os.rename = wrap("rename", _real["rename"])
+    if read_delay_s:   # reads of file data: a round trip to a data server (an OST) for a cold file
+        os.read = wrap("read", _real["read"])
+        os.pread = wrap("read", _real["pread"])
+        os.preadv = wrap("read", _real["preadv"])
 
     def scandir(*a, **k):
         _charge("listdir", a[0] if a else ".")
@@ -194,11 +208,13 @@ def main() -> int:
     ap.add_argument("--plain-rm", action="store_true", help="rm -rf ARGS (shutil.rmtree: one unlink after another)")
     ap.add_argument("--plain-cp", action="store_true", help="cp -r SRC DST with an fsync per file (--threads workers)")
     ap.add_argument("--files", type=int, default=0, help="files in the tree, for operations per file")
+    ap.add_argument("--read-delay-ms", type=float, default=0.0,
+                    help="also delay each os.read/pread/preadv this long (data round trips; default: not charged)")
     ap.add_argument("--only-under", action="append", default=[], help="charge only calls on paths under this "
                                                                        "directory (repeatable; default: every call)")
     ap.add_argument("args", nargs="*")
     a = ap.parse_args()
-    install(a.delay_ms / 1000, tuple(a.only_under))
+    install(a.delay_ms / 1000, tuple(a.only_under), a.read_delay_ms / 1000)
     t = time.perf_counter()
     rc = 0
     try:

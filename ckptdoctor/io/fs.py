@@ -111,13 +111,14 @@ class ShardReader:
     reads share one page-aligned buffer: a fresh `bytes` per shard was page-faulted in again for
     every file (0.85 s in pread under cProfile, 200k records, 280 MB of page-cached shards)."""
 
-    def __init__(self):
+    def __init__(self, whole_max: int = WHOLE_FILE_MAX):
         self.buf = None
+        self.whole_max = whole_max
         self.fd, self.n = -1, 0   # n: bytes of the current shard in buf (-1: not read whole)
 
     def open(self, fd: int, size: int, records: int) -> None:
         self.fd, self.n = fd, -1
-        if size <= WHOLE_FILE_MAX and size <= 8192 * records:
+        if size <= self.whole_max and size <= 8192 * records:
             if self.buf is None or len(self.buf) < size:
                 self.buf = mmap.mmap(-1, max(size, 1 << 20))
             self.n = os.preadv(fd, [memoryview(self.buf)[:size]], 0) if size else 0  # short if it
@@ -127,6 +128,25 @@ class ShardReader:
         if self.n < 0:
             return os.pread(self.fd, n, off)
         return self.buf[off:min(off + n, self.n)] if off < self.n else b""
+
+
+class ShardReaders:
+    """One ShardReader per thread that judges shards (map_io's workers, or the caller alone), for
+    one check's run: together they hold at most WHOLE_FILE_MAX of whole-shard buffers (a worker's
+    whole reads are capped at its share), and they are dropped with the check."""
+
+    def __init__(self):
+        self.by_thread: dict[int, ShardReader] = {}
+
+    def mine(self) -> ShardReader:
+        import threading
+        me = threading.get_ident()
+        r = self.by_thread.get(me)
+        if r is None:
+            worker = threading.current_thread().name.startswith("ckd-io")
+            r = self.by_thread[me] = ShardReader(max(1 << 20, WHOLE_FILE_MAX // io_threads()) if worker
+                                                 else WHOLE_FILE_MAX)
+        return r
 
 
 # Round trips on networked filesystems (issue 42).  On Lustre, GPFS or NFS one stat or open costs
@@ -167,12 +187,12 @@ def shutdown_pool() -> None:
         _pool = None
 
 
-def map_io(fn, items, cleanup=None, slow_s: float = SLOW_CALL_S):
+def map_io(fn, items, slow_s: float = SLOW_CALL_S):
     """fn(item) for each item, results in order (an exception is returned in place of its result,
     never raised here).  The first PROBE_CALLS run serially and are timed; if they average more
-    than SLOW_CALL_S the rest run on a pool of io_threads() workers, in batches of 8 per worker
-    (so at most that many prefetched file descriptors; `cleanup(result)` releases the ones not
-    consumed when the consumer stops early).  `slow_s`: the per-call time that means round trips,
+    than SLOW_CALL_S the rest run on a pool of io_threads() workers, in batches of 8 per worker.
+    fn must return nothing that needs releasing (no open descriptor): a consumer that stops early
+    drops the rest of its batch (CKD105's job opens, reads, judges and closes its shard).  `slow_s`: the per-call time that means round trips,
     for an fn that does CPU work of its own (a node view: ~1 ms locally, 6 round trips on NFS).
     Called from one of the pool's own workers, it runs serially: a worker waiting on tasks queued
     behind it could deadlock the pool."""
@@ -203,15 +223,7 @@ def map_io(fn, items, cleanup=None, slow_s: float = SLOW_CALL_S):
         step = -(-len(part) // threads)   # one task per worker: a future per call cost more than the call
         done = [r for rs in pool.map(_calls, [fn] * threads, [part[k:k + step] for k in range(0, len(part), step)])
                 for r in rs]
-        for k, res in enumerate(done):
-            try:
-                yield res
-            except GeneratorExit:
-                if cleanup is not None:
-                    for rest in done[k + 1:]:
-                        if not isinstance(rest, BaseException):
-                            cleanup(rest)
-                raise
+        yield from done
 
 
 def remove_tree(path: str) -> None:
