@@ -74,3 +74,32 @@ def test_a_dtype_global_from_another_module_is_refused(tmp_path, module):
     rep = api.verify(str(d))
     hit = assert_fires(rep, "CKD110", severity="error")[0]
     assert hit.details.get("refused_global") and "float32" in hit.details["refused_global"]
+
+
+def test_a_tensor_properties_record_written_by_torch_before_2_1_gives_its_dtype():
+    """torch < 2.1 pickled TensorProperties' __dict__ (2.1+ a 5-tuple): both give the dtype."""
+    from ckptdoctor.io.unpickle import DCP, loads_dcp
+    from ckptdoctor.layouts import dcp_writer as W
+    p = W._P()
+    p.newobj(f"{DCP}.metadata", "TensorProperties")
+    p.build_dict([("dtype", lambda: p.glob("torch", "bfloat16")), ("requires_grad", lambda: p.bool(False))])
+    assert str(loads_dcp(p.getvalue()).dtype()) == "bfloat16"
+    p = W._P()
+    p.newobj(f"{DCP}.metadata", "TensorProperties")
+    p.op(pickle.MARK)
+    p.glob("torch", "float16")
+    p.bool(False)
+    p.op(pickle.TUPLE + pickle.BUILD)
+    assert str(loads_dcp(p.getvalue()).dtype()) == "float16"
+
+
+def test_megatron_core_metadata_which_pickles_dcp_planner_enums_is_read():
+    """Megatron-Core 0.16's .metadata pickles DCP's SavePlan with WriteItemType members (by
+    value): they resolve, and the real checkpoint verifies clean (fixture written by mcore itself)."""
+    root = Path(__file__).parent / "fixtures" / "real" / "megatron-core" / "torch_dist"
+    data = (root / "iter_0000001" / ".metadata").read_bytes()
+    assert b"WriteItemType" in data
+    md = dcp.parse(data)
+    assert md.tensors and md.storage
+    rep = api.verify(str(root / "iter_0000001"))
+    assert not [f for f in rep.findings if f.rule in ("CKD110", "CKD900")] and not rep.failed()

@@ -203,9 +203,7 @@ def memory_budget(nbytes: int):
     except (ImportError, OSError, ValueError):
         yield
         return
-    cap = vm + nbytes
-    if hard != resource.RLIM_INFINITY:
-        cap = min(cap, hard)
+    cap = vm + nbytes   # (soft <= hard always, so a cap over a finite hard limit is a cap over soft too)
     if soft != resource.RLIM_INFINITY and soft <= cap:
         yield
         return
