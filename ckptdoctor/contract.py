@@ -94,7 +94,7 @@ def hash_files(paths: list[str], workers: int | None = None) -> dict[str, dict]:
     for p in paths:
         s = os.stat(p)
         infos[p] = s
-        units += hashing.units_for(p.lstrip("/"), s.st_size) or [hashing.Unit(p.lstrip("/"), 0, 0, 0, "xxh3-128")]
+        units += hashing.units_for(p.lstrip("/"), s.st_size)   # one unit even for an empty file
     got = hashing.hash_units(st, units, workers=workers)
     out = {}
     for p in paths:
@@ -263,9 +263,12 @@ def path_in(run_root: str) -> str:
 def load(path: str) -> Contract:
     try:
         raw = read_regular(path, MAX_BYTES)
-        doc = json.loads(raw)
     except OSError as exc:
         raise ContractError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except ValueError:   # over the limit (it was reported as "not JSON", quoting the path)
+        raise ContractError(f"{path}: larger than the {MAX_BYTES}-byte limit for a contract") from None
+    try:
+        doc = json.loads(raw)
     except (ValueError, RecursionError) as exc:
         raise ContractError(f"{path}: not JSON ({str(exc)[:80]})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("phases"), list) \

@@ -282,3 +282,315 @@ def test_a_contract_written_by_an_earlier_version_still_sees_an_edit_or_a_new_fi
     (code / "helper.py").write_text("x = 1\n")                         # a new file, no edit
     rc, got, _ = check(run)
     assert rc == 1 and changes(got) == [("CKD511", "code", "changed")]
+
+
+# ---- generated survivors of the contract group (session 22): each test states the promise -------
+def _contract(tmp_path, **kw):
+    """contract.init in-process on a fresh run root (faster than the CLI for the many cases here)."""
+    from ckptdoctor import contract as C
+    root = tmp_path / "run"
+    root.mkdir(exist_ok=True)
+    return C.init(str(root), kw.get("code"), [str(p) for p in kw.get("data", [])],
+                  [str(p) for p in kw.get("recipe", [])], kw.get("total_steps"))
+
+
+def _what(changes):
+    return sorted((c.kind, os.path.basename(c.item), c.change) for c in changes)
+
+
+def test_a_small_files_recorded_digest_is_its_xxh3_128_so_xxhsum_can_confirm_it(tmp_path):
+    import xxhash
+    f = tmp_path / "tok.bin"
+    f.write_bytes(b"tokens" * 1000)
+    c = _contract(tmp_path, data=[f])
+    assert c.newest.data["files"][str(f)]["xxh3_128"] == xxhash.xxh3_128(f.read_bytes()).hexdigest()
+
+
+def test_a_change_past_the_first_64_mib_of_a_data_file_is_caught(tmp_path):
+    from ckptdoctor import contract as C
+    f = tmp_path / "big.bin"
+    with open(f, "wb") as fh:
+        fh.truncate((64 << 20) + 4096)
+    c = _contract(tmp_path, data=[f])
+    with open(f, "r+b") as fh:
+        fh.seek((64 << 20) + 100)
+        fh.write(b"\x01")
+    assert _what(C.compare(c.newest)) == [("data", "big.bin", "changed")]
+
+
+def test_data_in_a_directory_listed_after_a_skipped_one_is_hashed(tmp_path):
+    from ckptdoctor import contract as C
+    data = tmp_path / "data"
+    (data / ".git").mkdir(parents=True)         # skipped (sorted before the data directory)
+    (data / "train").mkdir()
+    (data / "train" / "part-0.bin").write_bytes(b"a" * 100)
+    c = _contract(tmp_path, data=[data])
+    assert str(data / "train" / "part-0.bin") in c.newest.data["files"]
+    (data / "train" / "part-0.bin").write_bytes(b"b" * 100)
+    assert _what(C.compare(c.newest)) == [("data", "part-0.bin", "changed")]
+
+
+def test_more_data_files_than_the_limit_is_an_error_naming_the_path(tmp_path, monkeypatch):
+    from ckptdoctor import contract as C
+    from ckptdoctor.engine.errors import InputError
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(5):
+        (data / f"p{i}").write_bytes(b"x")
+    monkeypatch.setattr(C, "MAX_FILES", 3)
+    with pytest.raises(InputError, match=r"data: more than 3 files"):
+        C.expand([str(data)])
+    monkeypatch.setattr(C, "MAX_FILES", 5)
+    assert len(C.expand([str(data)])) == 5
+
+
+def test_a_git_killed_by_a_signal_is_not_believed(tmp_path, monkeypatch):
+    """`git rev-parse HEAD` that prints a commit and then dies by a signal: its output is not the
+    code's commit (the code is recorded as a tree of files instead)."""
+    from ckptdoctor import contract as C
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "git").write_text("#!/bin/sh\necho 0123456789abcdef0123456789abcdef01234567\nkill -KILL $$\n")
+    (fake / "git").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "a.py").write_text("x = 1\n")
+    st = C.code_state(str(code))
+    assert st["kind"] == "tree" and st["files"] == 1
+
+
+def _nest(top, levels):
+    """`levels` repositories, each an untracked directory of the one above (top is the first)."""
+    d = top
+    for _ in range(levels):
+        _repo(d)
+        d = d / "inner"
+    return top
+
+
+@pytest.mark.parametrize("levels, refused", [(9, False), (10, True)])
+def test_repositories_nested_nine_deep_are_followed_and_ten_deep_refused(tmp_path, levels, refused):
+    from ckptdoctor import contract as C
+    from ckptdoctor.engine.errors import InputError
+    top = _nest(tmp_path / "code", levels)
+    if refused:
+        with pytest.raises(InputError, match="nested more than 8 deep"):
+            C.code_state(str(top))
+        return
+    st = C.code_state(str(top))
+    deepest = "/".join(["inner"] * (levels - 1))
+    (top / deepest / "a.py").write_text("x = 2\n")              # an edit in the deepest repository
+    assert C.code_str(C.code_state(str(top))) != C.code_str(st)
+
+
+def _scheme1(tmp_path, code):
+    """A contract as written before scheme 2 (code hashed from `git diff HEAD` + untracked files)."""
+    from ckptdoctor import contract as C
+    c = _contract(tmp_path, code=str(code))
+    ph = c.newest
+    ph.code = C.code_state(str(code), scheme=1)
+    assert "scheme" not in ph.code
+    return ph
+
+
+def test_an_earlier_versions_contract_sees_an_untracked_files_content_change_and_nothing_when_unchanged(tmp_path):
+    from ckptdoctor import contract as C
+    code = tmp_path / "code"
+    _repo(code)
+    (code / "a.py").write_text("x = 5\n")          # dirty when recorded
+    (code / "new.py").write_text("y = 1\n")        # untracked when recorded
+    ph = _scheme1(tmp_path, code)
+    assert C.compare(ph) == [], "an unchanged dirty tree was reported changed (compared with the wrong scheme)"
+    (code / "new.py").write_text("y = 2\n")
+    assert _what(C.compare(ph)) == [("code", "code", "changed")]
+
+
+def test_a_one_character_untracked_file_is_part_of_the_code_state(tmp_path):
+    from ckptdoctor import contract as C
+    code = tmp_path / "code"
+    _repo(code)
+    (code / "x").write_text("1\n")
+    st = C.code_state(str(code))
+    assert "x" in st["uncommitted_files"]
+    (code / "x").write_text("2\n")
+    assert C.code_str(C.code_state(str(code))) != C.code_str(st)
+
+
+def test_a_deleted_code_file_is_recorded_as_deleted(tmp_path):
+    from ckptdoctor import contract as C
+    code = tmp_path / "code"
+    _repo(code)
+    os.remove(code / "a.py")
+    assert C.code_state(str(code))["uncommitted_files"] == {"a.py": "D deleted"}
+
+
+def test_a_nested_repository_is_recorded_by_its_own_commit_so_a_new_commit_there_is_a_change(tmp_path):
+    from ckptdoctor import contract as C
+    code = tmp_path / "code"
+    _repo(code)
+    _repo(code / "vendor")
+    st = C.code_state(str(code))
+    assert st["uncommitted_files"]["vendor"].startswith("repo git ")
+    subprocess.run([*GIT, "-C", str(code / "vendor"), "commit", "-q", "--allow-empty", "-m", "e"], check=True)
+    assert C.code_str(C.code_state(str(code))) != C.code_str(st)
+
+
+def test_a_code_directory_that_stopped_being_a_repository_is_a_change_not_a_crash(tmp_path):
+    import shutil
+    from ckptdoctor import contract as C
+    code = tmp_path / "code"
+    _repo(code)
+    c = _contract(tmp_path, code=str(code))
+    shutil.rmtree(code / ".git")
+    ch = C.compare(c.newest)
+    assert _what(ch) == [("code", "code", "changed")] and ch[0].now.startswith("tree ")
+
+
+def test_the_files_changed_between_the_recorded_and_the_current_commit_and_uncommitted_are_named_up_to_100(tmp_path):
+    from ckptdoctor import contract as C
+    code = tmp_path / "code"
+    _repo(code)
+    c = _contract(tmp_path, code=str(code))
+    for i in range(105):
+        (code / f"m{i:03d}.py").write_text(f"v = {i}\n")
+    subprocess.run([*GIT, "-C", str(code), "add", "."], check=True)
+    subprocess.run([*GIT, "-C", str(code), "commit", "-qm", "many"], check=True)
+    ch = C.compare(c.newest)
+    assert [x.kind for x in ch] == ["code"]
+    assert list(ch[0].files) == [f"m{i:03d}.py" for i in range(100)]
+    c = C.new_phase(str(tmp_path / "run"), "many", None, None, None, None)
+    for i in range(105):
+        (code / f"u{i:03d}.py").write_text("new\n")             # uncommitted: named up to 100 too
+    ch = C.compare(c.newest)
+    assert list(ch[0].files) == [f"u{i:03d}.py (uncommitted)" for i in range(100)]
+
+
+def test_an_unreadable_or_foreign_contract_file_is_a_one_line_error_naming_it(tmp_path, monkeypatch):
+    from ckptdoctor import contract as C
+    p = tmp_path / C.NAME
+    p.mkdir()
+    with pytest.raises(C.ContractError, match=r"cannot read \(.*directory.*\)$") as ei:
+        C.load(str(p))
+    assert "Errno" not in str(ei.value)
+    p.rmdir()
+    p.write_text("{not json")
+    with pytest.raises(C.ContractError, match="not JSON"):
+        C.load(str(p))
+    p.write_text(json.dumps({"format": "other/v9", "phases": [{"index": 0}]}))
+    with pytest.raises(C.ContractError, match="not a ckptdoctor.contract/v1 file"):
+        C.load(str(p))
+    p.write_text(json.dumps({"format": C.FORMAT, "phases": [{}] * 3}))
+    monkeypatch.setattr(C, "MAX_BYTES", 16)
+    with pytest.raises(C.ContractError, match=f"{p.name}: .*16-byte limit"):
+        C.load(str(p))
+
+
+@pytest.mark.parametrize("field, bad", [("code", "a string"), ("recipe_text", ["a list"]), ("recipe", []),
+                                        ("total_steps", "10"), ("index", 3)])
+def test_a_phase_with_a_field_of_the_wrong_type_is_malformed_even_when_its_digest_matches(tmp_path, field, bad):
+    from ckptdoctor import contract as C
+    c = _contract(tmp_path)
+    doc = json.loads(open(c.path).read())
+    ph = {k: v for k, v in doc["phases"][0].items() if k != "digest"}
+    ph[field] = bad
+    doc["phases"][0] = {**ph, "digest": C.phase_digest(ph)}
+    open(c.path, "w").write(json.dumps(doc))
+    with pytest.raises(C.ContractError, match="phase 0 is malformed"):
+        C.load(c.path)
+
+
+def test_a_contract_written_before_phases_carried_digests_still_loads(tmp_path):
+    from ckptdoctor import contract as C
+    c = _contract(tmp_path)
+    doc = json.loads(open(c.path).read())
+    doc["phases"] = [{k: v for k, v in p.items() if k != "digest"} for p in doc["phases"]]
+    open(c.path, "w").write(json.dumps(doc))
+    assert len(C.load(c.path).phases) == 1
+
+
+def test_init_that_loses_a_race_with_another_init_says_so_and_keeps_the_winners_contract(tmp_path, monkeypatch):
+    """Two `contract init` at once: the second to write refuses (UsageError), the first's file stays."""
+    from ckptdoctor import contract as C
+    from ckptdoctor.engine.errors import UsageError
+    root = tmp_path / "run"
+    root.mkdir()
+    real = C.make_phase
+
+    def racing(*a, **k):
+        ph = real(*a, **k)
+        (root / C.NAME).write_bytes(b"the other init's contract")   # it wrote between our check and write
+        return ph
+    monkeypatch.setattr(C, "make_phase", racing)
+    with pytest.raises(UsageError, match="written meanwhile"):
+        C.init(str(root), None, [], [], None)
+    assert (root / C.NAME).read_bytes() == b"the other init's contract"
+
+
+def test_new_phase_replaces_the_recipe_given_and_carries_over_the_one_not_given(tmp_path):
+    from ckptdoctor import contract as C
+    r1, r2 = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    r1.write_text("lr: 1\n")
+    r2.write_text("lr: 2\n")
+    c = _contract(tmp_path, recipe=[r1])
+    c = C.new_phase(str(tmp_path / "run"), "other recipe", None, None, [str(r2)], None)
+    assert list(c.newest.recipe) == [str(r2)]
+    c = C.new_phase(str(tmp_path / "run"), "steps", None, None, None, 500)
+    assert list(c.newest.recipe) == [str(r2)] and c.newest.total_steps == 500
+
+
+def test_contract_check_rehashes_data_whose_size_and_mtime_are_unchanged(tmp_path):
+    """`contract check` (not preflight's quick look) trusts no stat: same size, same mtime, new bytes."""
+    from ckptdoctor import contract as C
+    f = tmp_path / "d.bin"
+    f.write_bytes(b"a" * 1000)
+    c = _contract(tmp_path, data=[f])
+    st = f.stat()
+    f.write_bytes(b"b" * 1000)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert _what(C.compare(c.newest)) == [("data", "d.bin", "changed")]
+
+
+def test_the_quick_data_check_rehashes_exactly_the_files_whose_size_or_mtime_changed(tmp_path, monkeypatch):
+    from ckptdoctor import contract as C
+    same, grown = tmp_path / "same.bin", tmp_path / "grown.bin"
+    same.write_bytes(b"a" * 1000)
+    grown.write_bytes(b"a" * 1000)
+    c = _contract(tmp_path, data=[same, grown])
+    st = grown.stat()
+    grown.write_bytes(b"a" * 1001)
+    os.utime(grown, ns=(st.st_atime_ns, st.st_mtime_ns))      # a new size, the old mtime
+    hashed = []
+    real = C.hash_files
+    monkeypatch.setattr(C, "hash_files", lambda paths, **k: (hashed.extend(paths), real(paths, **k))[1])
+    assert _what(C.compare(c.newest, quick_data=True)) == [("data", "grown.bin", "changed")]
+    assert hashed == [str(grown)]
+
+
+def test_a_data_link_repointed_or_removed_is_named_and_an_unchanged_one_is_not(tmp_path):
+    from ckptdoctor import contract as C
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+        (d / "p.bin").write_bytes(b"same")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "tokens").symlink_to(a)
+    c = _contract(tmp_path, data=[data])
+    assert C.compare(c.newest) == []
+    (data / "tokens").unlink()
+    (data / "tokens").symlink_to(b)
+    ch = [x for x in C.compare(c.newest) if x.item.endswith("tokens")]
+    assert [(x.change, x.now) for x in ch] == [("changed", f"link to {b}")]
+
+
+def test_a_phase_without_a_digest_after_a_signed_one_is_refused_as_hand_edited(tmp_path):
+    from ckptdoctor import contract as C
+    _contract(tmp_path)
+    C.new_phase(str(tmp_path / "run"), "more steps", None, None, None, 10)
+    path = tmp_path / "run" / C.NAME
+    doc = json.loads(path.read_text())
+    del doc["phases"][1]["digest"]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(C.ContractError, match="phase 1 has no digest although an earlier one has"):
+        C.load(str(path))
