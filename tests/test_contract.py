@@ -578,10 +578,26 @@ def test_a_data_link_repointed_or_removed_is_named_and_an_unchanged_one_is_not(t
     (data / "tokens").symlink_to(a)
     c = _contract(tmp_path, data=[data])
     assert C.compare(c.newest) == []
+    for now in (b, a.parent / "0-sorts-first"):               # whichever way the new target sorts
+        (now / "p.bin").parent.mkdir(exist_ok=True)
+        (now / "p.bin").write_bytes(b"same")
+        (data / "tokens").unlink()
+        (data / "tokens").symlink_to(now)
+        ch = [x for x in C.compare(c.newest) if x.item.endswith("tokens")]
+        assert [(x.change, x.now) for x in ch] == [("changed", f"link to {now}")]
     (data / "tokens").unlink()
-    (data / "tokens").symlink_to(b)
     ch = [x for x in C.compare(c.newest) if x.item.endswith("tokens")]
-    assert [(x.change, x.now) for x in ch] == [("changed", f"link to {b}")]
+    assert [(x.change, x.now) for x in ch] == [("removed", None)]
+
+
+def test_new_phase_leaves_the_earlier_phases_text_byte_for_byte(tmp_path):
+    from ckptdoctor import contract as C
+    c = _contract(tmp_path, total_steps=5)
+    before = open(c.path).read()
+    C.new_phase(str(tmp_path / "run"), "longer", None, None, None, 10)
+    after = open(c.path).read()
+    phase0_end = before.rindex("}", 0, before.rindex("]")) + 1
+    assert after.startswith(before[:phase0_end] + ",")
 
 
 def test_a_phase_without_a_digest_after_a_signed_one_is_refused_as_hand_edited(tmp_path):
