@@ -610,3 +610,22 @@ def test_a_phase_without_a_digest_after_a_signed_one_is_refused_as_hand_edited(t
     path.write_text(json.dumps(doc))
     with pytest.raises(C.ContractError, match="phase 1 has no digest although an earlier one has"):
         C.load(str(path))
+
+
+def test_a_contract_with_no_phase_is_refused(tmp_path):
+    from ckptdoctor import contract as C
+    p = tmp_path / C.NAME
+    p.write_text(json.dumps({"format": C.FORMAT, "phases": []}))
+    with pytest.raises(C.ContractError, match="with at least one phase"):
+        C.load(str(p))
+
+
+def test_a_contract_whose_keys_were_reordered_by_a_json_tool_is_not_called_hand_edited(tmp_path):
+    """jq or a JSON formatter may rewrite the file with its keys in another order: the digest is of
+    the content, so the contract still loads."""
+    from ckptdoctor import contract as C
+    c = _contract(tmp_path, total_steps=5)
+    doc = json.loads(open(c.path).read())
+    doc["phases"] = [dict(reversed(list(p.items()))) for p in doc["phases"]]
+    open(c.path, "w").write(json.dumps(doc, indent=2))
+    assert C.load(c.path).newest.total_steps == 5
