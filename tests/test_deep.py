@@ -392,7 +392,8 @@ def spy(*a):
     seen["signals"] += got[2]
     return got
 ds._scan_in_workers = spy
-ds.FORK_MIN = 0 if mode != "threads" else 1 << 62
+if mode != "natural":   # natural: the shipped threshold decides
+    ds.FORK_MIN = 0 if mode != "threads" else 1 << 62
 if mode == "truncate":  # the shard shrinks to 128 KiB under a worker's mapping, after its first window
     window = ds._window
     def window_then_cut(np, chunk, *a):
@@ -437,6 +438,19 @@ def test_forked_workers_find_exactly_what_threads_find(real):
     assert forked["seen"]["forked"] == 1 and threads["seen"]["forked"] == 0
     assert forked["findings"] == threads["findings"]
     assert {r for r, _p, _m in forked["findings"]} == {"CKD130", "CKD132"}
+
+
+def test_a_deep_scan_forks_workers_only_for_64_mib_of_records_or_more(tmp_path):
+    """Forking costs more than it saves on a small scan: under FORK_MIN (64 MiB of record bytes,
+    however the records lie in their shards) threads scan; from 64 MiB, forked workers."""
+    import torch.distributed.checkpoint as dcp
+    g = torch.Generator().manual_seed(5)
+    small = tmp_path / "small"
+    dcp.save({f"t{i}": torch.randn(8192, generator=g) for i in range(6)}, checkpoint_id=str(small), no_dist=True)
+    assert _in_fresh_process(small, "natural")["seen"]["forked"] == 0
+    big = tmp_path / "big"
+    dcp.save({"w": torch.zeros(16 << 20)}, checkpoint_id=str(big), no_dist=True)   # one 64 MiB record at 0
+    assert _in_fresh_process(big, "natural")["seen"]["forked"] == 1
 
 
 def test_files_scanned_a_group_at_a_time_find_what_one_pass_finds(real, monkeypatch):

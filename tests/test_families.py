@@ -305,7 +305,9 @@ def test_unknown_directory_gets_generic_checks_and_exits_0(tmp_path):
     (d / "vocab.bin").write_bytes(b"\x01\x02" * 100)
     rep = api.verify(str(d))
     assert not rep.failed() and [f.rule for f in rep.findings] == ["CKD155"], rep.findings
-    assert assert_fires(rep, "CKD155", severity="info")[0].details["files"] == ["ema.pth", "vocab.bin", "weights.pt"]
+    hit = assert_fires(rep, "CKD155", severity="info")[0]
+    assert hit.details["files"] == ["ema.pth", "vocab.bin", "weights.pt"]
+    assert "(1 .bin, 1 .pt, 1 .pth): generic checks only" in hit.message   # what it found, by kind
     raw = (d / "weights.pt").read_bytes()
     (d / "weights.pt").write_bytes(raw[: len(raw) - 40])  # truncated: its zip directory is gone
     assert_fires(api.verify(str(d)), "CKD117", path_contains="weights.pt")

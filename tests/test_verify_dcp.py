@@ -337,3 +337,27 @@ def test_item_without_storage_record_is_an_error_as_dcp_load_raises(real, drop):
         sd[victim["fqn"]] = __import__("io").BytesIO()
     with pytest.raises(BaseException, match="MetadataIndex"):   # CheckpointException is a BaseException
         dcp.load(sd, checkpoint_id=str(d))
+
+
+def test_the_expert_count_comes_from_the_nearest_config_of_the_checkpoint_its_parent_or_the_one_above(tmp_path):
+    """CKD109's expected experts: config.json in the checkpoint's directory, else its parent (the
+    run root), else the one above -- the nearest wins, one level at a time."""
+    import json as _json
+    from types import SimpleNamespace
+    from ckptdoctor.checks.verify_dcp import _expected_experts
+    from ckptdoctor.io.fs import LocalStorage
+    base = tmp_path / "jobs"
+    ck_dir = base / "run" / "ckpts" / "iter_1"
+    ck_dir.mkdir(parents=True)
+    st = LocalStorage(str(base))
+    ck = SimpleNamespace(storage=st, rel="run/ckpts/iter_1")
+    eng = SimpleNamespace(opt=lambda name: None)
+    assert _expected_experts(ck, eng) == (None, None)
+    (base / "config.json").write_text(_json.dumps({"num_experts": 32}))              # three levels up: not read
+    assert _expected_experts(ck, eng) == (None, None)
+    (base / "run" / "config.json").write_text(_json.dumps({"num_experts": 8}))       # the one above the parent
+    assert _expected_experts(ck, eng)[0] == 8
+    (base / "run" / "ckpts" / "config.json").write_text(_json.dumps({"num_local_experts": 4}))
+    assert _expected_experts(ck, eng)[0] == 4
+    (ck_dir / "config.json").write_text(_json.dumps({"n_routed_experts": 16}))
+    assert _expected_experts(ck, eng)[0] == 16
