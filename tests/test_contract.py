@@ -629,3 +629,101 @@ def test_a_contract_whose_keys_were_reordered_by_a_json_tool_is_not_called_hand_
     doc["phases"] = [dict(reversed(list(p.items()))) for p in doc["phases"]]
     open(c.path, "w").write(json.dumps(doc, indent=2))
     assert C.load(c.path).newest.total_steps == 5
+
+
+def test_a_code_directory_that_is_gone_is_named_removed(tmp_path):
+    import shutil
+    from ckptdoctor import contract as C
+    code = tmp_path / "code"
+    _repo(code)
+    c = _contract(tmp_path, code=str(code))
+    shutil.rmtree(code)
+    assert [(x.kind, x.change, x.now) for x in C.compare(c.newest)] == [("code", "removed", None)]
+
+
+def test_without_git_installed_code_is_recorded_as_a_tree_of_files(tmp_path, monkeypatch):
+    from ckptdoctor import contract as C
+    code = tmp_path / "code"
+    _repo(code)
+    empty = tmp_path / "nobin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    st = C.code_state(str(code))
+    assert st["kind"] == "tree" and st["files"] == 1
+
+
+def test_a_data_file_that_shrinks_while_hashed_is_an_error_not_a_digest(tmp_path, monkeypatch):
+    from ckptdoctor import contract as C
+    from ckptdoctor.engine.errors import InputError
+    f = tmp_path / "d.bin"
+    f.write_bytes(b"x" * 10_000)
+    real = C.hashing.hash_units
+
+    def shrink_then_hash(st, units, **k):
+        os.truncate(f, 4_000)                    # after its size was taken, before its bytes are read
+        return real(st, units, **k)
+    monkeypatch.setattr(C.hashing, "hash_units", shrink_then_hash)
+    with pytest.raises(InputError, match="shrank while being hashed"):
+        C.hash_files([str(f)])
+
+
+def test_a_recipe_diff_shows_at_most_40_lines(tmp_path):
+    from ckptdoctor import contract as C
+    r = tmp_path / "recipe.yaml"
+    r.write_text("".join(f"k{i}: 1\n" for i in range(50)))
+    c = _contract(tmp_path, recipe=[r])
+    r.write_text("".join(f"k{i}: 2\n" for i in range(50)))
+    ch = C.compare(c.newest)
+    assert [x.kind for x in ch] == ["recipe"] and len(ch[0].files) == 40
+    assert ch[0].files[:2] == ("-k0: 1", "-k1: 1")
+
+
+def test_only_the_uncommitted_files_that_changed_are_named(tmp_path):
+    from ckptdoctor import contract as C
+    code = tmp_path / "code"
+    _repo(code)
+    (code / "keep.py").write_text("k = 1\n")
+    (code / "edit.py").write_text("e = 1\n")
+    c = C.load(_contract(tmp_path, code=str(code)).path)       # as a later check reads it: from the file
+    (code / "edit.py").write_text("e = 2\n")
+    ch = C.compare(c.newest)
+    assert [x.kind for x in ch] == ["code"] and list(ch[0].files) == ["edit.py (uncommitted)"]
+
+
+def test_a_phase_whose_index_repeats_an_earlier_one_is_malformed(tmp_path):
+    from ckptdoctor import contract as C
+    _contract(tmp_path)
+    C.new_phase(str(tmp_path / "run"), "again", None, None, None, 7)
+    path = tmp_path / "run" / C.NAME
+    doc = json.loads(path.read_text())
+    ph = {k: v for k, v in doc["phases"][1].items() if k != "digest"}
+    ph["index"] = 0
+    doc["phases"][1] = {**ph, "digest": C.phase_digest(ph)}
+    path.write_text(json.dumps(doc))
+    with pytest.raises(C.ContractError, match="phase 1 is malformed"):
+        C.load(str(path))
+
+
+def test_uncommitted_files_beyond_the_limit_are_counted_not_listed(tmp_path, monkeypatch):
+    from ckptdoctor import contract as C
+    code = tmp_path / "code"
+    _repo(code)
+    for i in range(5):
+        (code / f"n{i}.py").write_text("x\n")
+    monkeypatch.setattr(C, "MAX_CODE_FILES", 3)
+    st = C.code_state(str(code))
+    assert list(st["uncommitted_files"]) == ["n0.py", "n1.py", "n2.py"] and st["uncommitted_count"] == 5
+
+
+def test_a_contract_that_is_not_json_quotes_at_most_80_characters_of_the_parsers_error(tmp_path):
+    from ckptdoctor import contract as C
+    p = tmp_path / C.NAME
+    p.write_text('{"a": 1,' + " " * 10_000_000 + "}")
+    try:
+        json.loads(p.read_text())
+    except ValueError as exc:
+        full = str(exc)
+    assert len(full) > 80
+    with pytest.raises(C.ContractError) as ei:
+        C.load(str(p))
+    assert str(ei.value) == f"{p}: not JSON ({full[:80]})"
