@@ -103,3 +103,14 @@ def test_megatron_core_metadata_which_pickles_dcp_planner_enums_is_read():
     assert md.tensors and md.storage
     rep = api.verify(str(root / "iter_0000001"))
     assert not [f for f in rep.findings if f.rule in ("CKD110", "CKD900")] and not rep.failed()
+
+
+def test_a_metadata_file_that_holds_another_dcp_object_names_that_objects_class():
+    """A `.metadata` replaced by another pickled DCP object (a SavePlan a planner dumped) is
+    unreadable, and the message names the class it holds, as torch's own class name."""
+    from ckptdoctor.layouts import dcp_writer as W
+    p = W._P()
+    p.newobj("torch.distributed.checkpoint.planner", "SavePlan")
+    p.build_dict([("items", lambda: p.op(pickle.EMPTY_LIST))])
+    with pytest.raises(dcp.MetadataError, match=r"^pickle holds SavePlan, not DCP Metadata$"):
+        dcp.parse(p.getvalue())

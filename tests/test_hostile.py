@@ -598,7 +598,9 @@ if case == "no-statm":                      # no /proc (macOS): no cap, the load
 def vm():
     with open("/proc/self/statm") as fh:
         return int(fh.read().split()[0]) * resource.getpagesize()
-ballast = bytearray(320 << 20)              # a process already holding memory (a budget counted from 0 would fit nothing)
+import mmap
+ballast = mmap.mmap(-1, 320 << 20)          # address space held but never touched: the budget counts the
+                                            # address space (what RLIMIT_AS limits), not the resident pages
 if case == "site-loose":                    # a site limit looser than the budget
     resource.setrlimit(resource.RLIMIT_AS, (vm() + (8 << 30), resource.RLIM_INFINITY))
 elif case == "site-tight":                  # a site limit tighter than the budget
