@@ -727,3 +727,20 @@ def test_a_contract_that_is_not_json_quotes_at_most_80_characters_of_the_parsers
     with pytest.raises(C.ContractError) as ei:
         C.load(str(p))
     assert str(ei.value) == f"{p}: not JSON ({full[:80]})"
+
+
+def test_a_recipe_that_is_not_utf8_is_checked_by_digest_without_a_diff(tmp_path):
+    """A binary or Latin-1 recipe: no text kept, a change still named (no diff, no crash); a text
+    recipe that became binary is named the same way."""
+    from ckptdoctor import contract as C
+    r = tmp_path / "recipe.bin"
+    r.write_bytes(b"\xff\xfe lr=1\n")
+    c = _contract(tmp_path, recipe=[r])
+    assert c.newest.recipe_text == {}
+    r.write_bytes(b"\xff\xfe lr=2\n")
+    assert [(x.kind, x.change, x.files) for x in C.compare(c.newest)] == [("recipe", "changed", ())]
+    t = tmp_path / "recipe.yaml"
+    t.write_text("lr: 1\n")
+    c = C.new_phase(str(tmp_path / "run"), "text recipe", None, None, [str(t)], None)
+    t.write_bytes(b"\xff lr: 2\n")
+    assert [(x.kind, x.change, x.files) for x in C.compare(c.newest)] == [("recipe", "changed", ())]
