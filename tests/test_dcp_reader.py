@@ -114,3 +114,11 @@ def test_a_metadata_file_that_holds_another_dcp_object_names_that_objects_class(
     p.build_dict([("items", lambda: p.op(pickle.EMPTY_LIST))])
     with pytest.raises(dcp.MetadataError, match=r"^pickle holds SavePlan, not DCP Metadata$"):
         dcp.parse(p.getvalue())
+
+
+def test_a_foreign_object_is_shown_by_its_class_and_public_fields_not_its_private_state():
+    """A stand-in for a pickled class outside the allow-list of types (what a run-state path that
+    lands on an object prints) names torch's class and the fields a user can address."""
+    from ckptdoctor.io.unpickle import bag_class
+    b = bag_class("torch.distributed.checkpoint.planner.SavePlan")(items=[], planner_data=None)
+    assert repr(b) == "<torch.distributed.checkpoint.planner.SavePlan ['items', 'planner_data']>"
