@@ -66,18 +66,24 @@ def test_family_step_names_and_trackers_round_trip():
                 assert trackers.parse(l, text).target == name, (l.name, text)
 
 
-def test_the_compiled_yaml_artefact_follows_the_yaml(tmp_path, monkeypatch):
-    """Start-up reads the shipped YAML from the JSON compiled at build time, checked against each file's
-    size: a file edited (or added) since is parsed instead, a damaged or missing artefact only costs
-    time, and nothing is written anywhere."""
+def _compiled_rules(tmp_path, monkeypatch, dirname: str, text: str):
+    """A rules directory of one YAML file and its compiled artefact, which start-up then uses."""
     from ckptdoctor.engine import yamlcache
-    root = tmp_path / "rules"
+    root = tmp_path / dirname
     root.mkdir()
-    (root / "a.yaml").write_text("x: 1\nlist: [a, b]\n")
+    (root / "a.yaml").write_text(text)
     art = tmp_path / "compiled.json"
     art.write_text(yamlcache.compile_all(root))
     monkeypatch.setattr(yamlcache, "ARTEFACT", art)
     monkeypatch.setattr(yamlcache, "_DOCS", {})
+    return yamlcache, root, art
+
+
+def test_the_compiled_yaml_artefact_follows_the_yaml(tmp_path, monkeypatch):
+    """Start-up reads the shipped YAML from the JSON compiled at build time, checked against each file's
+    size: a file edited (or added) since is parsed instead, a damaged or missing artefact only costs
+    time, and nothing is written anywhere."""
+    yamlcache, root, art = _compiled_rules(tmp_path, monkeypatch, "rules", "x: 1\nlist: [a, b]\n")
     import ckptdoctor.engine.catalog as catalog
     parsed = []
     monkeypatch.setattr(catalog, "parse_yaml", lambda data, real=catalog.parse_yaml: (parsed.append(1), real(data))[1])
@@ -98,14 +104,7 @@ def test_an_installed_wheel_reads_its_compiled_rules_without_a_metadata_call_per
     """A wheel ships its rules as ckptdoctor/_rules, built with the artefact: start-up trusts the
     artefact without statting every YAML file (each stat is a round trip on a shared filesystem);
     a damaged artefact still falls back to parsing the YAML."""
-    from ckptdoctor.engine import yamlcache
-    root = tmp_path / "_rules"
-    root.mkdir()
-    (root / "a.yaml").write_text("x: 1\n")
-    art = tmp_path / "compiled.json"
-    art.write_text(yamlcache.compile_all(root))
-    monkeypatch.setattr(yamlcache, "ARTEFACT", art)
-    monkeypatch.setattr(yamlcache, "_DOCS", {})
+    yamlcache, root, art = _compiled_rules(tmp_path, monkeypatch, "_rules", "x: 1\n")
     walked = []
     monkeypatch.setattr(yamlcache, "_signature", lambda r, real=yamlcache._signature: (walked.append(r), real(r))[1])
     assert yamlcache.docs(root) == {"a.yaml": {"x": 1}} and not walked
