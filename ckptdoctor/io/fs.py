@@ -192,8 +192,8 @@ def map_io(fn, items, slow_s: float = SLOW_CALL_S):
     never raised here).  The first PROBE_CALLS run serially and are timed; if they average more
     than SLOW_CALL_S the rest run on a pool of io_threads() workers, in batches of 8 per worker.
     fn must return nothing that needs releasing (no open descriptor): a consumer that stops early
-    drops the rest of its batch (CKD105's job opens, reads, judges and closes its shard).  `slow_s`: the per-call time that means round trips,
-    for an fn that does CPU work of its own (a node view: ~1 ms locally, 6 round trips on NFS).
+    drops the rest of its batch (CKD105's job opens, reads, judges and closes its shard).
+    `slow_s`: the per-call time that means round trips, for an fn that does CPU work of its own (a node view: ~1 ms locally, 6 round trips on NFS).
     Called from one of the pool's own workers, it runs serially: a worker waiting on tasks queued
     behind it could deadlock the pool."""
     import threading
