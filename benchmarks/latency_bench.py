@@ -1,6 +1,7 @@
 """Issue 42: ckptdoctor where checkpoints really live -- storage whose metadata calls are round trips.
 
     .venv/bin/python benchmarks/latency_bench.py [posix|fuse|s3|preflight|prune|publish|all] [--shards 4096] [--delay-ms 2]
+        [--read-delay-ms 0]   # also charge each read of file data (a cold read on Lustre/GPFS: a data round trip)
 
 posix: a run root of 3 checkpoints x N shards (Megatron torch_dist layout, written by the torch-free
   DCP writer) behind benchmarks/latency/delayed.py (each stat/open/readdir sleeps --delay-ms, calls
@@ -52,8 +53,10 @@ def layered(args: list[str], delay_ms: float, files: int, env=None, runs: int = 
     best = None
     for _ in range(runs):
         with tempfile.NamedTemporaryFile(suffix=".json") as st:
-            p = subprocess.run([PY, LAYER, "--delay-ms", str(delay_ms), "--stats", st.name, "--files", str(files),
-                                *(["--only-under", under] if under else []), *args], capture_output=True, text=True, env={**os.environ, **(env or {})})
+            p = subprocess.run([PY, LAYER, "--delay-ms", str(delay_ms), "--read-delay-ms", str(READ_DELAY_MS),
+                                "--stats", st.name, "--files", str(files),
+                                *(["--only-under", under] if under else []), *args],
+                               capture_output=True, text=True, env={**os.environ, **(env or {})})
             r = json.load(open(st.name))
         r["rc"] = p.returncode
         best = r if best is None or r["wall_s"] < best["wall_s"] else best
@@ -242,8 +245,13 @@ def publish(shards: int, delay_ms: float) -> None:
         shutil.rmtree(d)
 
 
+READ_DELAY_MS = 0.0   # --read-delay-ms: data reads charged too (delayed.py), 0 = metadata calls only
+
+
 def main() -> None:
+    global READ_DELAY_MS
     args = sys.argv[1:]
+    READ_DELAY_MS = float(args[args.index("--read-delay-ms") + 1]) if "--read-delay-ms" in args else 0.0
     shards = int(args[args.index("--shards") + 1]) if "--shards" in args else 4096
     delay = float(args[args.index("--delay-ms") + 1]) if "--delay-ms" in args else None
     which = next((a for a in args if a in ("posix", "fuse", "s3", "preflight", "prune", "publish", "all")), "all")

@@ -10,8 +10,8 @@ os.rename) so that each sleeps
 storage measured, not the tool's own install, whose ~100 rule-file stats in a source checkout
 were charged as if they were the checkpoint's until session 22; they are counted as "uncharged").
 `--read-delay-ms` also charges each os.read, os.pread and os.preadv (a cold read on a parallel
-filesystem is a round trip to a data server); off unless given.  time.sleep releases the GIL, so calls made from several
-threads are answered concurrently, as a parallel filesystem's metadata servers answer concurrent
+filesystem is a round trip to a data server); off unless given.  time.sleep releases the GIL, so
+calls made from several threads are answered concurrently, as a parallel filesystem's metadata servers answer concurrent
 requests.  It is the same code path ckptdoctor takes on a local disk; only the cost per call is
 changed.  `--stats` receives operations by kind, operations per file of the tree, the largest
 number in flight at once, and the wall time.
