@@ -19,11 +19,13 @@ not even be imported, or it hung past the timeout) or is listed as equivalent; 1
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,6 +34,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from mutation_check import copy_tree  # noqa: E402  (one copy of the tracked tree, the same as the curated check)
+from mutant_tests import annotations_only  # noqa: E402
 
 # decision module(s) -> the tests that guard them (run with -x: a kill usually stops early)
 GROUPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -89,37 +92,15 @@ def key_of(module: str, diff: str | None) -> str:
     return f"{module}: {' / '.join(old)} => {' / '.join(new)}"
 
 
-def _without_function_annotations(tree):
-    import ast
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            node.returns = None
-            a = node.args
-            for arg in [*a.posonlyargs, *a.args, *a.kwonlyargs, *([a.vararg] if a.vararg else []),
-                        *([a.kwarg] if a.kwarg else [])]:
-                arg.annotation = None
-    return tree
-
-
 def annotation_only(source: str, line: int, diff: str | None) -> bool:
     """The mutant changes nothing but a function's annotations, in a module with `from __future__
-    import annotations` (they stay strings, never evaluated): equivalent by construction.  Judged
-    on the ASTs: the module with the mutated line, its function annotations removed, equals the
-    original with its own removed."""
-    import ast
-    if "from __future__ import annotations" not in source:
-        return False
+    import annotations` (they stay strings, never evaluated): equivalent by construction."""
     old = [l[1:] for l in (diff or "").splitlines() if l.startswith("-") and not l.startswith("---")]
     new = [l[1:] for l in (diff or "").splitlines() if l.startswith("+") and not l.startswith("+++")]
     lines = source.splitlines()
     if len(old) != 1 or len(new) != 1 or not 0 < line <= len(lines) or lines[line - 1] != old[0]:
         return False
-    mutated = "\n".join([*lines[:line - 1], new[0], *lines[line:]])
-    try:
-        return ast.dump(_without_function_annotations(ast.parse(source))) == \
-            ast.dump(_without_function_annotations(ast.parse(mutated)))
-    except SyntaxError:
-        return False
+    return annotations_only(source, "\n".join([*lines[:line - 1], new[0], *lines[line:]]))
 
 
 def _identity(item) -> tuple:
@@ -140,9 +121,67 @@ def equivalents(path: str = EQUIVALENTS) -> dict[str, str]:
     return out
 
 
-def _config(work: str, group: str, timeout: float) -> str:
+def _env(work: str, **extra: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=work, PYTHONDONTWRITEBYTECODE="1", PYTHONWARNINGS="ignore", **extra)
+    env.pop("CKPTDOCTOR_CONFIG", None)
+    return env
+
+
+def coverage_map(work: str, group: str) -> str:
+    """Run the group's tests once on the unmutated copy under coverage.py, one context per test,
+    and write which tests executed each line of the group's modules (scripts/mutant_tests.py reads
+    it).  A test's own subprocesses (the real CLI) are measured too: they start coverage from
+    COVERAGE_PROCESS_START, and their static context is the PYTEST_CURRENT_TEST they inherit.
+    The run is also the baseline: a test failing here would make every "kill" meaningless."""
+    import coverage
+    mods, tests = GROUPS[group]
+    out = os.path.join(work, f".ckd-cov-{group}")
+    os.makedirs(out, exist_ok=True)
+    rc = os.path.join(out, "coveragerc")
+    with open(rc, "w") as fh:
+        fh.write(f"[run]\nsource = {os.path.join(work, 'ckptdoctor')}\nparallel = true\n"
+                 f"data_file = {os.path.join(out, 'data')}\ncontext = ${{PYTEST_CURRENT_TEST-}}\npatch = _exit\n")
+    with open(os.path.join(out, "ckd_cov_plugin.py"), "w") as fh:
+        fh.write("import coverage, pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\n"
+                 "def pytest_runtest_protocol(item, nextitem):\n"
+                 "    cov = coverage.Coverage.current()\n    cov and cov.switch_context(item.nodeid)\n"
+                 "    yield\n    cov and cov.switch_context('')\n")
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "ckd_cov_plugin",
+                        *tests], cwd=work, env=_env(f"{work}{os.pathsep}{out}", COVERAGE_PROCESS_START=rc),
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"{group}: the guarding tests fail on the unmutated code:\n{p.stdout[-3000:]}")
+    cov = coverage.Coverage(config_file=rc)
+    cov.combine(strict=True)
+    data = cov.get_data()
+    modules: dict[str, dict[str, list[str]]] = {}
+    wanted = {os.path.relpath(f, ROOT) for f in sources([group])}
+    for f in data.measured_files():
+        rel = os.path.relpath(f, work)
+        if rel in wanted:
+            modules[rel] = {str(ln): sorted({re.sub(r" \((setup|call|teardown)\)$", "", c) for c in ctxs})
+                            for ln, ctxs in data.contexts_by_lineno(f).items()}
+    for rel in wanted - set(modules):
+        modules[rel] = {}           # never imported by the group's tests: every mutant there survives
+    pristine = os.path.join(out, "pristine")
+    for rel in modules:
+        os.makedirs(os.path.dirname(os.path.join(pristine, rel)), exist_ok=True)
+        shutil.copy2(os.path.join(work, rel), os.path.join(pristine, rel))
+    path = os.path.join(out, "map.json")
+    with open(path, "w") as fh:
+        json.dump({"tests": list(tests), "pristine": pristine, "log": os.path.join(out, "selection.log"),
+                   "modules": modules}, fh)
+    print(f"  ({group}: coverage of the guarding tests mapped in {time.monotonic() - t0:.0f} s)", flush=True)
+    return path
+
+
+def _config(work: str, group: str, timeout: float, by_coverage: bool = False) -> str:
     mods, tests = GROUPS[group]
     cmd = " ".join([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests])
+    if by_coverage:
+        cmd = " ".join([sys.executable, os.path.join(work, "scripts", "mutant_tests.py"),
+                        os.path.join(work, f".ckd-cov-{group}", "map.json")])
     path = os.path.join(work, f".cr-{group}.toml")
     with open(path, "w") as fh:
         fh.write("[cosmic-ray]\n"
@@ -155,10 +194,8 @@ def _config(work: str, group: str, timeout: float) -> str:
 
 
 def _cr(work: str, *args: str) -> None:
-    env = dict(os.environ, PYTHONPATH=work, PYTHONDONTWRITEBYTECODE="1", PYTHONWARNINGS="ignore")
-    env.pop("CKPTDOCTOR_CONFIG", None)
-    subprocess.run([os.path.join(os.path.dirname(sys.executable), "cosmic-ray"), *args], cwd=work, env=env,
-                   check=True, capture_output=True)
+    subprocess.run([os.path.join(os.path.dirname(sys.executable), "cosmic-ray"), *args], cwd=work,
+                   env=_env(work), check=True, capture_output=True)
 
 
 def main() -> int:
@@ -170,6 +207,9 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=600, help="seconds per mutant (a hang counts as killed)")
     ap.add_argument("--list", action="store_true", help="print the drawn mutants (module:line operator) and stop")
     ap.add_argument("--record", help="append one JSON line per mutant to this file")
+    ap.add_argument("--by-coverage", action="store_true",
+                    help="run, for each mutant, only the tests that executed its line (scripts/mutant_tests.py)")
+    ap.add_argument("--work", help="keep the copy and cosmic-ray's databases here; run again to resume")
     ap.add_argument("--budget", type=float, help="start no further group after this many seconds (CI's time "
                                                    "limit); the drawn mutants not run are listed")
     a = ap.parse_args()
@@ -182,12 +222,14 @@ def main() -> int:
     drawn_from = groups if a.all else sorted(GROUPS)
     seed = a.seed if a.seed is not None else code_seed(sorted(GROUPS))
     known = equivalents()
-    with tempfile.TemporaryDirectory(prefix="ckd-generated-") as work:
-        copy_tree(work)
+    with contextlib.nullcontext(a.work) if a.work else tempfile.TemporaryDirectory(prefix="ckd-generated-") as work:
+        if not os.path.exists(os.path.join(work, "pyproject.toml")):
+            copy_tree(work)
         population = []
         for g in drawn_from:
-            cfg = _config(work, g, a.timeout)
-            _cr(work, "init", cfg, os.path.join(work, f".cr-{g}.sqlite"))
+            cfg = _config(work, g, a.timeout, a.by_coverage)
+            if not os.path.exists(os.path.join(work, f".cr-{g}.sqlite")):     # else: resume (--work)
+                _cr(work, "init", cfg, os.path.join(work, f".cr-{g}.sqlite"))
             with use_db(os.path.join(work, f".cr-{g}.sqlite"), WorkDB.Mode.open) as db:
                 population += [(g, item.job_id, _identity(item)) for item in db.work_items]
         # drawn in an order of what each mutant is (job ids are fresh UUIDs per init and the work
@@ -211,16 +253,21 @@ def main() -> int:
         for g in groups:
             db_path = os.path.join(work, f".cr-{g}.sqlite")
             with use_db(db_path, WorkDB.Mode.open) as db:
-                skip = [item.job_id for item in db.work_items if (g, item.job_id) not in chosen]
+                done = {item.job_id for item, _ in db.completed_work_items}
+                skip = [item.job_id for item in db.work_items if (g, item.job_id) not in chosen
+                        and item.job_id not in done]
                 db.set_multiple_results(skip, WorkResult(worker_outcome=WorkerOutcome.SKIPPED))
-                todo = db.num_work_items - len(skip)
-            if not todo:
+                todo = sum(1 for _ in db.pending_work_items)
+            if not todo and not a.work:
                 continue
             t0 = time.monotonic()
             if a.budget is not None and t0 - started > a.budget:
                 print(f"not run    {g}: {todo} drawn mutants (the {a.budget:.0f} s budget was spent)", flush=True)
                 continue
-            _cr(work, "exec", os.path.join(work, f".cr-{g}.toml"), db_path)
+            if a.by_coverage and todo and not os.path.exists(os.path.join(work, f".ckd-cov-{g}", "map.json")):
+                coverage_map(work, g)
+            if todo:
+                _cr(work, "exec", os.path.join(work, f".cr-{g}.toml"), db_path)
             with use_db(db_path, WorkDB.Mode.open) as db:
                 for item, res in db.completed_work_items:
                     if res.worker_outcome == WorkerOutcome.SKIPPED:

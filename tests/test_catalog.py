@@ -291,3 +291,73 @@ def test_a_run_roots_hints_name_that_run_root_not_the_placeholder(tmp_path):
     hits = assert_fires(rep, "CKD117", path_contains="ep0-ba4-rank0.pt")
     assert all("RUN_ROOT" not in (f.hint or "") for f in rep.findings), [f.hint for f in rep.findings]
     assert any(f"verify --fix '{run}'" in (f.hint or "") for f in hits), [f.hint for f in hits]
+
+
+def _mutant_tests():
+    import importlib.util
+    import sys
+    spec = importlib.util.spec_from_file_location("ckd_mutant_tests", TESTS.parent / "scripts" / "mutant_tests.py")
+    mt = importlib.util.module_from_spec(spec)
+    sys.modules["ckd_mutant_tests"] = mt
+    spec.loader.exec_module(mt)
+    return mt
+
+
+def test_a_coverage_directed_mutant_run_only_narrows_to_the_tests_that_ran_a_function_body_line(tmp_path):
+    """The full generated-mutant run picks, per mutant, the tests that executed its line on the
+    unmutated code.  It narrows only where that is sound: a line that runs at import (module level,
+    a default, a decorator) or that some test reached without a test id of its own runs the whole
+    group; a multi-line statement counts every line the tracer may report; a line no test reached
+    runs nothing (a survivor); a change to annotations alone runs nothing (equivalent)."""
+    mt = _mutant_tests()
+    src = ("from __future__ import annotations\n"      # 1
+           "LIMIT = 64\n"                               # 2
+           "def f(x: int, cap=LIMIT) -> int:\n"         # 3
+           "    y = min(x,\n"                           # 4
+           "            cap)\n"                         # 5
+           "    if (y >\n"                              # 6
+           "            3):\n"                          # 7
+           "        return 1\n"                         # 8
+           "    return g(y)\n"                          # 9
+           "def g(y):\n"                                # 10
+           "    return y + 1\n"                         # 11
+           "def h():\n"                                 # 12
+           "    return 0\n")                            # 13
+    rel = "pkg/mod.py"
+    (tmp_path / "pristine" / "pkg").mkdir(parents=True)
+    (tmp_path / "pristine" / rel).write_text(src)
+    (tmp_path / "work" / "pkg").mkdir(parents=True)
+    m = {"tests": ["t.py"], "pristine": str(tmp_path / "pristine"), "log": str(tmp_path / "log"),
+         "modules": {rel: {"4": ["t.py::a"], "6": ["t.py::b"], "8": ["t.py::c"], "11": ["", "t.py::d"]}}}
+
+    def chosen(old, new):
+        (tmp_path / "work" / rel).write_text(src.replace(old, new, 1))
+        return mt.select(m, str(tmp_path / "work"))[1]
+
+    assert chosen("LIMIT = 64", "LIMIT = 65") == [mt.ALL]                    # module level
+    assert chosen("cap=LIMIT) -> int", "cap=None) -> int") == [mt.ALL]       # a default
+    assert chosen("            cap)", "            cap + 1)") == ["t.py::a"]  # 2nd line of a statement
+    assert chosen("            3):", "            4):") == ["t.py::b"]         # 2nd line of an if's test
+    assert chosen("        return 1", "        return 2") == ["t.py::c"]
+    assert chosen("    return y + 1", "    return y - 1") == [mt.ALL]       # reached without a test id
+    assert chosen("    return 0", "    return 1") == []                       # no test reaches h
+    assert chosen("x: int, cap", "x: float, cap") == []                       # annotations only
+    plain = src.replace("from __future__ import annotations\n", "# evaluated annotations\n")
+    assert not mt.annotations_only(plain, plain.replace("x: int, cap", "x: float, cap"))
+    (tmp_path / "work" / rel).write_text(src)
+    assert mt.select(m, str(tmp_path / "work"))[1] == [mt.ALL]                  # nothing changed: no narrowing
+
+
+def test_a_coverage_directed_mutant_run_never_counts_a_missing_test_id_as_a_kill(tmp_path, monkeypatch):
+    """pytest's "usage error" (a selected test id not found) and "no tests collected" exit non-zero,
+    which cosmic-ray would count as a kill: the selector runs the whole group instead."""
+    import json
+    import sys
+    mt = _mutant_tests()
+    m = {"tests": ["all.py"], "pristine": str(tmp_path), "log": str(tmp_path / "log"), "modules": {}}
+    (tmp_path / "map.json").write_text(json.dumps(m))
+    monkeypatch.setattr(mt, "select", lambda m, work: ("1 covering test", ["t.py::gone"]))
+    ran = []
+    monkeypatch.setattr(mt, "_pytest", lambda tests: ran.append(tests) or (4 if tests == ["t.py::gone"] else 0))
+    monkeypatch.setattr(sys, "argv", ["mutant_tests.py", str(tmp_path / "map.json")])
+    assert mt.main() == 0 and ran == [["t.py::gone"], ["all.py"]]
