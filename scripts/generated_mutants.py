@@ -142,10 +142,12 @@ def coverage_map(work: str, group: str) -> str:
         fh.write(f"[run]\nsource = {os.path.join(work, 'ckptdoctor')}\nparallel = true\n"
                  f"data_file = {os.path.join(out, 'data')}\ncontext = ${{PYTEST_CURRENT_TEST-}}\npatch = _exit\n")
     with open(os.path.join(out, "ckd_cov_plugin.py"), "w") as fh:
-        fh.write("import coverage, pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\n"
+        fh.write("import coverage, pytest, time\n\n\n@pytest.hookimpl(hookwrapper=True)\n"
                  "def pytest_runtest_protocol(item, nextitem):\n"
                  "    cov = coverage.Coverage.current()\n    cov and cov.switch_context(item.nodeid)\n"
-                 "    yield\n    cov and cov.switch_context('')\n")
+                 "    t0 = time.monotonic()\n    yield\n    cov and cov.switch_context('')\n"
+                 f"    with open({os.path.join(out, 'durations.tsv')!r}, 'a') as fh:\n"
+                 "        fh.write(f'{time.monotonic() - t0:.3f}\\t{item.nodeid}\\n')\n")
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "ckd_cov_plugin",
                         *tests], cwd=work, env=_env(f"{work}{os.pathsep}{out}", COVERAGE_PROCESS_START=rc),
@@ -168,10 +170,16 @@ def coverage_map(work: str, group: str) -> str:
     for rel in modules:
         os.makedirs(os.path.dirname(os.path.join(pristine, rel)), exist_ok=True)
         shutil.copy2(os.path.join(work, rel), os.path.join(pristine, rel))
+    # each test's time in this run: a mutant's tests run fastest first, so a kill (-x) comes early
+    durations = {}
+    with open(os.path.join(out, "durations.tsv")) as fh:
+        for row in fh:
+            secs, _, nodeid = row.rstrip("\n").partition("\t")
+            durations[nodeid] = float(secs)
     path = os.path.join(out, "map.json")
     with open(path, "w") as fh:
         json.dump({"tests": list(tests), "pristine": pristine, "log": os.path.join(out, "selection.log"),
-                   "modules": modules}, fh)
+                   "modules": modules, "durations": durations}, fh)
     print(f"  ({group}: coverage of the guarding tests mapped in {time.monotonic() - t0:.0f} s)", flush=True)
     return path
 
@@ -223,8 +231,19 @@ def main() -> int:
     seed = a.seed if a.seed is not None else code_seed(sorted(GROUPS))
     known = equivalents()
     with contextlib.nullcontext(a.work) if a.work else tempfile.TemporaryDirectory(prefix="ckd-generated-") as work:
+        snapshot = os.path.join(work, ".ckd-unmutated")
         if not os.path.exists(os.path.join(work, "pyproject.toml")):
             copy_tree(work)
+        if os.path.isdir(snapshot):
+            # resuming (--work): a run stopped mid-mutant leaves that mutant applied in the copy
+            shutil.copytree(snapshot, work, dirs_exist_ok=True)
+        else:
+            for f in sources(sorted(GROUPS)):
+                rel = os.path.relpath(f, ROOT)
+                if not os.path.isfile(os.path.join(work, rel)):
+                    continue
+                os.makedirs(os.path.dirname(os.path.join(snapshot, rel)), exist_ok=True)
+                shutil.copy2(os.path.join(work, rel), os.path.join(snapshot, rel))
         population = []
         for g in drawn_from:
             cfg = _config(work, g, a.timeout, a.by_coverage)

@@ -16,6 +16,8 @@ names both), then:
 - a line inside a function body runs the tests that executed it, with -x; none means no test
   executes the line, and the mutant survives without a run.
 
+Tests run fastest first (their times in the coverage run), so a kill usually costs one short test.
+
 Exit status is pytest's (0: the mutant survived).  pytest's "usage error" (a test id not found)
 and "no tests collected" are not kills: the whole group runs instead.
 """
@@ -117,8 +119,10 @@ def main() -> int:
         fh.write(why + "\n")
     if not tests:
         return 0
+    timed = m.get("durations") or {}
     if tests == [ALL]:
-        tests = m["tests"]
+        tests = list(timed) or m["tests"]
+    tests = sorted(tests, key=lambda t: timed.get(t, float("inf")))   # fastest first: -x stops at a kill
     rc = _pytest(tests)
     if rc in (4, 5) and tests != m["tests"]:
         with open(m["log"], "a") as fh:
