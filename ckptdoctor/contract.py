@@ -209,7 +209,7 @@ def _dirty_files(d: str, depth: int) -> dict[str, str]:
     files: dict[str, str] = {}
     for ent in raw.split(b"\0"):
         if len(ent) < 4:
-            continue
+            continue   # only the empty piece after the final NUL (an entry is "XY path")
         xy, path = ent[:2].decode("ascii", "replace"), os.fsdecode(ent[3:])
         full = os.path.join(d, path)
         if os.path.isdir(full) and not os.path.islink(full):
@@ -360,10 +360,13 @@ def compare(phase: Phase, total_steps: int | None = None, quick_data: bool = Fal
         if now_t != target:
             out.append(Change("data", link, "changed" if now_t else "removed", f"link to {target}",
                               f"link to {now_t}" if now_t else None))
-    try:
-        present = expand([p for p in phase.data.get("paths", []) if os.path.exists(p)])
-    except InputError:
-        present = []
+    present = []
+    for path in phase.data.get("paths", []):   # one by one: a path turned into a FIFO or a symlink
+        if os.path.exists(path):                # cycle loses its own files, not every path's
+            try:
+                present += expand([path])
+            except InputError:
+                pass
     for p in sorted(set(files) - set(present)):
         out.append(Change("data", p, "removed", files[p]["xxh3_128"], None))
     for p in sorted(set(present) - set(files)):

@@ -746,3 +746,107 @@ def test_a_recipe_that_is_not_utf8_is_checked_by_digest_without_a_diff(tmp_path)
     c = C.new_phase(str(tmp_path / "run"), "text recipe", None, None, [str(t)], None)
     t.write_bytes(b"\xff lr: 2\n")
     assert [(x.kind, x.change, x.files) for x in C.compare(c.newest)] == [("recipe", "changed", ())]
+
+
+# ---- generated survivors of the contract group's full run (session 23) ----------------------------
+def test_the_quick_data_check_rehashes_a_file_that_shrank_or_was_restored_older_with_its_mtime(tmp_path):
+    """preflight's quick look skips only a file whose size and mtime are both exactly as recorded:
+    a file cut shorter with its mtime put back, and a same-size older copy restored with `cp -p`
+    (an older mtime), are re-hashed and named."""
+    from ckptdoctor import contract as C
+    shrunk, restored = tmp_path / "shrunk.bin", tmp_path / "restored.bin"
+    shrunk.write_bytes(b"a" * 1000)
+    restored.write_bytes(b"a" * 1000)
+    c = _contract(tmp_path, data=[shrunk, restored])
+    st = shrunk.stat()
+    shrunk.write_bytes(b"a" * 999)
+    os.utime(shrunk, ns=(st.st_atime_ns, st.st_mtime_ns))
+    st = restored.stat()
+    restored.write_bytes(b"b" * 1000)
+    os.utime(restored, ns=(st.st_atime_ns, st.st_mtime_ns - 3_600_000_000_000))
+    assert _what(C.compare(c.newest, quick_data=True)) == [("data", "restored.bin", "changed"),
+                                                           ("data", "shrunk.bin", "changed")]
+
+
+def test_a_code_directory_that_became_a_repository_is_a_change_not_a_crash(tmp_path):
+    from ckptdoctor import contract as C
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "a.py").write_text("x = 1\n")
+    c = _contract(tmp_path, code=str(code))
+    assert c.newest.code["kind"] == "tree"
+    subprocess.run(["git", "init", "-q", str(code)], check=True)
+    subprocess.run([*GIT, "-C", str(code), "add", "."], check=True)
+    subprocess.run([*GIT, "-C", str(code), "commit", "-qm", "c"], check=True)
+    ch = C.compare(C.load(c.path).newest)
+    assert _what(ch) == [("code", "code", "changed")] and ch[0].now.startswith("git ")
+
+
+def test_a_contract_read_back_from_disk_names_the_files_changed_between_commits(tmp_path):
+    """What `contract check` does: the recorded phase comes from the JSON file, not from memory."""
+    from ckptdoctor import contract as C
+    code = tmp_path / "code"
+    _repo(code)
+    c = _contract(tmp_path, code=str(code))
+    (code / "a.py").write_text("x = 2\n")
+    subprocess.run([*GIT, "-C", str(code), "commit", "-qam", "edit"], check=True)
+    ch = C.compare(C.load(c.path).newest)
+    assert [(x.kind, list(x.files)) for x in ch] == [("code", ["a.py"])]
+
+
+@pytest.mark.parametrize("doc", [{"phases": [{}]}, {"format": "ckptdoctor.contract/v0", "phases": [{}]},
+                                 {"format": None, "phases": [{}]}])
+def test_a_json_file_of_another_or_no_format_is_refused_in_one_line(tmp_path, doc):
+    from ckptdoctor import contract as C
+    p = tmp_path / C.NAME
+    p.write_text(json.dumps(doc))
+    with pytest.raises(C.ContractError, match=r"not a ckptdoctor\.contract/v1 file with at least one phase$"):
+        C.load(str(p))
+
+
+def test_a_contract_of_hundreds_of_phases_loads(tmp_path):
+    """A long run relaunched with a change 300 times: phase numbers are compared by value."""
+    from ckptdoctor import contract as C
+    c = _contract(tmp_path, total_steps=5)
+    doc = json.loads(open(c.path).read())
+    one = doc["phases"][0]
+    doc["phases"] = [dict(one, index=i) for i in range(300)]
+    for ph in doc["phases"]:
+        ph.pop("digest", None)                   # an earlier version's unsigned phases
+    open(c.path, "w").write(json.dumps(doc))
+    assert len(C.load(c.path).phases) == 300
+
+
+def test_a_recipe_file_after_an_unreadable_one_keeps_its_text_for_the_diff(tmp_path):
+    from ckptdoctor import contract as C
+    binary, text = tmp_path / "a.bin", tmp_path / "b.yaml"
+    binary.write_bytes(b"\xff\xfe\n")
+    text.write_text("lr: 1\n")
+    c = _contract(tmp_path, recipe=[binary, text])
+    assert list(c.newest.recipe_text) == [str(text)]
+    text.write_text("lr: 2\n")
+    assert [(x.item, x.files) for x in C.compare(c.newest)] == [(str(text), ("-lr: 1", "+lr: 2"))]
+
+
+def test_a_data_path_turned_into_a_fifo_is_named_removed_and_the_other_paths_still_compared(tmp_path):
+    from ckptdoctor import contract as C
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    a.write_bytes(b"a")
+    b.write_bytes(b"b")
+    c = _contract(tmp_path, data=[a, b])
+    a.unlink()
+    os.mkfifo(a)
+    assert _what(C.compare(c.newest)) == [("data", "a.bin", "removed")]
+    b.write_bytes(b"c")
+    assert _what(C.compare(c.newest)) == [("data", "a.bin", "removed"), ("data", "b.bin", "changed")]
+
+
+def test_a_code_directory_outside_git_sees_an_edit_that_keeps_the_file_count(tmp_path, monkeypatch):
+    from ckptdoctor import contract as C
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "a.py").write_text("x = 1\n")
+    c = _contract(tmp_path, code=str(code))
+    assert c.newest.code["kind"] == "tree"
+    (code / "a.py").write_text("x = 2\n")
+    assert _what(C.compare(c.newest)) == [("code", "code", "changed")]
