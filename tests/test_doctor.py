@@ -230,3 +230,60 @@ def test_prune_and_manifest_take_several_paths_in_one_process(four, tmp_path):
                                                                             for c in cks]
     rc, out, err = cli("manifest", "--replace", *cks)
     assert rc == 0 and out.count("wrote ") == 2
+
+
+# ---- generated survivors of the actions group's full run (session 23) -----------------------------
+def test_a_real_fix_reports_it_applied_the_plan_with_the_backup_and_the_reason(megatron_run):
+    """The JSON a wrapper script reads after `verify --fix`: applied, not a dry run, the backup's
+    name, and why (what the framework would have resumed from, what it resumes from now)."""
+    rc, out, err = cli("verify", "--fix", "-f", "json", str(megatron_run))
+    fixed = json.loads(out)["facts"]["fixed"]
+    assert rc == 0 and fixed["applied"] is True and fixed["dry_run"] is False, fixed
+    backups = [e for e in os.listdir(megatron_run) if e.startswith(TRACKER + ".ckptdoctor-bak-")]
+    assert [fixed["tracker"]["backup"]] == backups and fixed["tracker"]["old"] == "300"
+    assert ("verify --fix: the framework would resume from iter_0000300; iter_0000200 is the newest "
+            "complete checkpoint") in err
+    rc, out, err = cli("verify", "--fix", "--dry-run", "-f", "json", str(megatron_run))
+    fixed = json.loads(out)["facts"]["fixed"]
+    assert fixed["applied"] is False and "nothing to do" in err
+
+
+def test_a_fix_with_no_tracker_says_the_framework_would_resume_from_nothing_and_backs_up_nothing(megatron_run):
+    (megatron_run / TRACKER).unlink()
+    rc, out, err = cli("verify", "--fix", "--dry-run", "-f", "json", str(megatron_run))
+    fixed = json.loads(out)["facts"]["fixed"]
+    assert fixed["tracker"]["old"] is None and fixed["tracker"]["backup"] is None, fixed
+    assert "the framework would resume from nothing; iter_0000200 is the newest complete checkpoint" in err
+
+
+def test_fix_to_a_step_between_two_checkpoints_is_refused_not_rounded_to_a_neighbour(megatron_run):
+    rc, out, err = cli("verify", "--fix", "--fix-to", "150", str(megatron_run))
+    assert rc == 2 and "--fix-to 150: no complete checkpoint at step 150 (complete: iter_0000100, iter_0000200)" in err
+    assert (megatron_run / TRACKER).read_text() == "300"
+
+
+def test_a_quarantine_refused_as_a_save_in_progress_says_how_long_to_wait(tmp_path):
+    root = tmp_path / "out"
+    (root / "checkpoint-500").mkdir(parents=True)
+    (root / "checkpoint-500" / "trainer_state.json").write_text(json.dumps({"global_step": 500}))
+    broken = root / "checkpoint-1000"
+    broken.mkdir()
+    (broken / "optimizer.pt").write_bytes(b"x")
+    t = time.time() - 100           # written 100 s ago: the window (parts_stale_seconds) is 300 s
+    for p in (broken / "optimizer.pt", broken):
+        os.utime(p, (t, t))
+    rc, out, err = cli("verify", "--fix", "--quarantine", str(root))
+    import re
+    m = re.search(r"written (\d+) s ago and may be a save in progress; .* or (\d+) s from now\)", err)
+    assert rc == 2 and m and int(m.group(1)) + int(m.group(2)) in (299, 300, 301), err
+    assert 190 <= int(m.group(2)) <= 200 and broken.exists()
+
+
+def test_prune_keep_last_two_keeps_the_two_newest_and_zero_is_refused(four):
+    (four / TRACKER).write_text("400")
+    rc, out, err = cli("prune", "--keep-last", "2", "-f", "json", str(four))
+    pr = json.loads(out)["facts"]["pruned"]
+    assert rc == 0 and sorted(pr["removed"]) == ["iter_0000100", "iter_0000200"], (pr, err)
+    assert sorted(e for e in os.listdir(four) if e.startswith("iter_")) == ["iter_0000300", "iter_0000400"]
+    rc, out, err = cli("prune", "--keep-last", "0", str(four))
+    assert rc == 2 and "--keep-last must be at least 1" in err
