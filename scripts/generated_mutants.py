@@ -43,7 +43,8 @@ GROUPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # CKD602 disabled and "surviving" because its only test was not among the checks group's
     "runstate": (("ckptdoctor/runstate", "ckptdoctor/checks/reconcile.py"), ("tests/test_reconcile.py",)),
     "actions": (("ckptdoctor/commands/fix.py", "ckptdoctor/commands/prune.py"),
-                ("tests/test_trusted_actions.py", "tests/test_doctor.py", "tests/test_publish.py")),
+                ("tests/test_trusted_actions.py", "tests/test_doctor.py", "tests/test_composer.py", "tests/test_demo.py",
+                 "tests/test_publish.py")),
     "contract": (("ckptdoctor/contract.py",), ("tests/test_contract.py",)),
     "resume": (("ckptdoctor/resume.py", "ckptdoctor/checks/resume.py"), ("tests/test_resume.py",
                                                                         "tests/test_contract.py")),

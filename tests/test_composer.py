@@ -10,6 +10,8 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
+
 from ckptdoctor import api
 from helpers import assert_fires, assert_no_errors, cli
 
@@ -142,3 +144,77 @@ def test_preflight_names_the_node_whose_copy_lacks_the_checkpoint_file_every_ran
     assert hit["severity"] == "error" and hit["path"].endswith(f"n2/run/{B4}") and "(ranks 2,3)" in hit["message"], hit
     assert not [f for f in doc["findings"] if f["rule"] == "CKD401"], doc["findings"]   # no per-rank shards here
     assert "ep0-ba2-rank0.pt" in json.dumps([f for f in doc["findings"] if f["rule"] == "CKD406"])
+
+
+# ---- generated survivors of the actions group's full run (session 23) -----------------------------
+def _fix_in_process(run):
+    from ckptdoctor.commands import fix
+    return fix.run_and_fix(str(run), lambda: api.make_engine("verify", str(run)), layout=None, target="resume",
+                           fix_to=None, quarantine=False, say=lambda line: None)
+
+
+def test_fix_creates_a_missing_latest_link_with_no_backup(tmp_path):
+    run = _copy(tmp_path)
+    os.remove(run / LINK)
+    rc, out, err = cli("verify", str(run), "--fix")
+    assert rc == 0 and os.readlink(run / LINK) == B4, (out, err)
+    assert not [n for n in os.listdir(run) if ".ckptdoctor-bak" in n]
+
+
+def test_fix_refuses_a_link_copied_as_a_file_that_does_not_load_and_leaves_it(tmp_path):
+    run = _copy(tmp_path)
+    os.remove(run / B4)                     # the link dangles ...
+    os.remove(run / LINK)
+    (run / LINK).write_bytes((run / B2).read_bytes()[:100])   # ... and a torn copy stands in its place
+    before = (run / LINK).read_bytes()
+    rc, out, err = cli("verify", str(run), "--fix")
+    assert rc == 2 and f"{LINK} is not a symbolic link (a copy that followed links?)" in err, (out, err)
+    assert not os.path.islink(run / LINK) and (run / LINK).read_bytes() == before
+
+
+def test_fix_never_repoints_a_link_a_new_save_moved_after_the_judgement(tmp_path, monkeypatch):
+    """The judgement saw the link dangling at ba4 and planned ba2; before the repair, a save landed
+    ba6 and moved the link to it: the repair refuses and the new save's link stays."""
+    from ckptdoctor.commands import fix
+    from ckptdoctor.engine.errors import UsageError
+    run = _copy(tmp_path)
+    os.remove(run / B4)
+    real = fix.apply
+
+    def racing(runv, p):
+        shutil.copy2(run / B2, run / "ep0-ba6-rank0.pt")
+        os.remove(run / LINK)
+        os.symlink("ep0-ba6-rank0.pt", run / LINK)
+        return real(runv, p)
+    monkeypatch.setattr(fix, "apply", racing)
+    with pytest.raises(UsageError, match="changed while being repaired"):
+        _fix_in_process(run)
+    assert os.readlink(run / LINK) == "ep0-ba6-rank0.pt"
+    assert not [n for n in os.listdir(run) if ".ckptdoctor-bak" in n or "ckptdoctor-tmp" in n]
+
+
+@pytest.mark.parametrize("concurrent", ["link", "file"])
+def test_fix_never_repoints_a_link_changed_between_its_temp_link_and_the_rename(tmp_path, monkeypatch, concurrent):
+    """The last look is taken right before the rename: a link moved (or replaced by a file) in that
+    window is kept, the repair refused in one line."""
+    from ckptdoctor.commands import fix
+    from ckptdoctor.engine.errors import UsageError
+    run = _copy(tmp_path)
+    os.remove(run / B4)
+    real = fix.replace_symlink
+
+    def racing(path, target, *, before_rename=None):
+        os.remove(path)
+        if concurrent == "link":
+            os.symlink("ep0-ba6-rank0.pt", path)
+        else:
+            open(path, "wb").write(b"not a link")
+        return real(path, target, before_rename=before_rename)
+    monkeypatch.setattr(fix, "replace_symlink", racing)
+    with pytest.raises(UsageError, match="changed while being repaired"):
+        _fix_in_process(run)
+    if concurrent == "link":
+        assert os.readlink(run / LINK) == "ep0-ba6-rank0.pt"
+    else:
+        assert (run / LINK).read_bytes() == b"not a link"
+    assert not [n for n in os.listdir(run) if ".ckptdoctor-bak" in n or "ckptdoctor-tmp" in n]   # nothing written

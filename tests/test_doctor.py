@@ -287,3 +287,63 @@ def test_prune_keep_last_two_keeps_the_two_newest_and_zero_is_refused(four):
     assert sorted(e for e in os.listdir(four) if e.startswith("iter_")) == ["iter_0000300", "iter_0000400"]
     rc, out, err = cli("prune", "--keep-last", "0", str(four))
     assert rc == 2 and "--keep-last must be at least 1" in err
+
+
+def test_fix_never_overwrites_a_tracker_written_between_its_temp_file_and_the_rename(megatron_run, monkeypatch):
+    """A publish that moves the tracker (to 400, or back to 100) in the last window before the
+    rename wins: the repair is refused in one line, the tracker keeps what the publish wrote and no
+    backup is left ("nothing written").  Run again at once (what the message asks: the clock frozen
+    at one second, so backup names collide deterministically), each repair keeps its own backup."""
+    import datetime as real_dt
+    import types
+    from ckptdoctor.commands import fix
+    from ckptdoctor.engine.errors import UsageError
+
+    class Frozen(real_dt.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return real_dt.datetime(2026, 12, 5, 12, 0, 0, tzinfo=tz)
+    monkeypatch.setattr(fix, "_dt", types.SimpleNamespace(datetime=Frozen, timezone=real_dt.timezone))
+
+    def repair():
+        fix.run_and_fix(str(megatron_run), lambda: api.make_engine("verify", str(megatron_run)), layout=None,
+                        target="resume", fix_to=None, quarantine=False, say=lambda line: None)
+    real = fix.replace_file
+    for concurrent in ("400", "100"):
+        (megatron_run / TRACKER).write_text("300")
+
+        def racing(path, data, *, before_rename=None, **kw):
+            open(path, "w").write(concurrent)
+            return real(path, data, before_rename=before_rename, **kw)
+        monkeypatch.setattr(fix, "replace_file", racing)
+        with pytest.raises(UsageError, match="changed while being repaired"):
+            repair()
+        assert (megatron_run / TRACKER).read_text() == concurrent
+        assert not [e for e in os.listdir(megatron_run) if ".ckptdoctor-bak" in e]
+    monkeypatch.setattr(fix, "replace_file", real)
+    for _ in range(2):
+        (megatron_run / TRACKER).write_text("300")
+        repair()
+        assert (megatron_run / TRACKER).read_text() == "200"
+    assert sorted(e for e in os.listdir(megatron_run) if ".ckptdoctor-bak" in e) == \
+        [TRACKER + ".ckptdoctor-bak-20261205T120000Z", TRACKER + ".ckptdoctor-bak-20261205T120000Z-2"]
+
+
+def test_fix_with_99_backups_of_this_second_already_beside_the_tracker_is_refused_in_one_line(megatron_run, monkeypatch):
+    import datetime as real_dt
+    import types
+    from ckptdoctor.commands import fix
+    from ckptdoctor.engine.errors import UsageError
+
+    class Frozen(real_dt.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return real_dt.datetime(2026, 12, 5, 12, 0, 0, tzinfo=tz)
+    monkeypatch.setattr(fix, "_dt", types.SimpleNamespace(datetime=Frozen, timezone=real_dt.timezone))
+    base = TRACKER + ".ckptdoctor-bak-20261205T120000Z"
+    for n in range(1, 100):
+        (megatron_run / (base if n == 1 else f"{base}-{n}")).write_text("old")
+    with pytest.raises(UsageError, match=rf"^verify --fix: {base} and 98 more backups exist beside {TRACKER}; nothing written$"):
+        fix.run_and_fix(str(megatron_run), lambda: api.make_engine("verify", str(megatron_run)), layout=None,
+                        target="resume", fix_to=None, quarantine=False, say=lambda line: None)
+    assert (megatron_run / TRACKER).read_text() == "300"

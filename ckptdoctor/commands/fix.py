@@ -10,6 +10,7 @@ refused.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 from ..values import value, field
@@ -200,13 +201,13 @@ def apply(runv: RunView, p: FixPlan) -> None:
         path = os.path.join(root, p.tracker["file"])
         current = dest.read_file(p.tracker["file"])
         if current is not None:  # the old tracker's exact bytes, kept beside it
-            p.tracker["backup"] = p.tracker["backup"] or f"{p.tracker['file']}.ckptdoctor-bak"
-            write_new(os.path.join(root, p.tracker["backup"]), current)
+            _keep_backup(root, p.tracker, lambda b: write_new(b, current))
 
         def unchanged():
             if dest.read_file(p.tracker["file"]) != current:
                 raise UsageError(f"{path} changed while being repaired; nothing written (run it again)")
-        replace_file(path, p.tracker["new"].encode(), before_rename=unchanged)
+        with _backup_dropped_if_refused(root, p.tracker if current is not None else None):
+            replace_file(path, p.tracker["new"].encode(), before_rename=unchanged)
     for a, b in p.quarantine:
         rename_noreplace(os.path.join(root, a), os.path.join(root, b))
     if p.quarantine:
@@ -229,10 +230,37 @@ def _repoint_link(root: str, tr: dict) -> None:
     if current != tr["old"]:
         raise UsageError(f"{path} changed while being repaired; nothing written (run it again)")
     if current is not None:
-        tr["backup"] = tr["backup"] or f"{tr['file']}.ckptdoctor-bak"
-        os.symlink(current, os.path.join(root, tr["backup"]))
+        _keep_backup(root, tr, lambda b: os.symlink(current, b))
 
     def unchanged():
         if now() != current:
             raise UsageError(f"{path} changed while being repaired; nothing written (run it again)")
-    replace_symlink(path, tr["new"], before_rename=unchanged)
+    with _backup_dropped_if_refused(root, tr if current is not None else None):
+        replace_symlink(path, tr["new"], before_rename=unchanged)
+
+
+def _keep_backup(root: str, tr: dict, create) -> None:
+    """The old tracker kept beside it under the first free name: a repair refused by a race and run
+    again within the same second (what its message asks) met its own backup's name and crashed."""
+    base = tr["backup"] or f"{tr['file']}.ckptdoctor-bak"
+    for n in range(1, 100):
+        name = base if n == 1 else f"{base}-{n}"
+        try:
+            create(os.path.join(root, name))
+        except FileExistsError:
+            continue
+        tr["backup"] = name
+        return
+    raise UsageError(f"verify --fix: {base} and 98 more backups exist beside {tr['file']}; nothing written")
+
+
+@contextlib.contextmanager
+def _backup_dropped_if_refused(root: str, tr: dict | None):
+    """A repair refused ("nothing written") takes back the backup it made for it."""
+    try:
+        yield
+    except UsageError:
+        if tr is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(root, tr["backup"]))
+        raise
