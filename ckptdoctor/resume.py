@@ -258,7 +258,10 @@ def _streams(rng) -> tuple[str, ...]:
         return RNG_STREAMS
     if rng is False or rng is None:
         return ()
-    names = tuple(rng) if not isinstance(rng, str) else (rng,)
+    try:
+        names = tuple(rng) if not isinstance(rng, str) else (rng,)
+    except TypeError:   # rng=1 was a TypeError about an int not being iterable
+        raise ValueError(f"rng={rng!r}: pass True, False or stream names ({', '.join(RNG_STREAMS)})") from None
     bad = [n for n in names if n not in RNG_STREAMS]
     if bad:
         raise ValueError(f"rng={names!r}: unknown stream(s) {bad}; use {', '.join(RNG_STREAMS)}")

@@ -850,3 +850,24 @@ def test_a_code_directory_outside_git_sees_an_edit_that_keeps_the_file_count(tmp
     assert c.newest.code["kind"] == "tree"
     (code / "a.py").write_text("x = 2\n")
     assert _what(C.compare(c.newest)) == [("code", "code", "changed")]
+
+
+def test_a_recipe_change_message_shows_four_diff_lines_and_counts_the_rest(run):
+    recipe = run.parent / "recipe.yaml"
+    for new, tail in (("lr: 0.002\na: 1\nb: 2\n", ": -lr: 0.001; +lr: 0.002; +a: 1; +b: 2"),
+                      ("lr: 0.002\na: 1\nb: 2\nc: 3\nd: 4\n", ": -lr: 0.001; +lr: 0.002; +a: 1; +b: 2 (+2 more lines)")):
+        recipe.write_text(new)
+        rc, doc, err = check(run)
+        (f,) = assert_fires_json(doc, "CKD513")
+        assert f["message"].endswith(tail), f["message"]
+
+
+def test_a_code_change_message_names_five_files_then_dots(run):
+    code = run.parent / "code"
+    for i in range(6):
+        (code / f"m{i}.py").write_text(f"v = {i}\n")
+    subprocess.run([*GIT, "-C", str(code), "add", "."], check=True)
+    subprocess.run([*GIT, "-C", str(code), "commit", "-qm", "six"], check=True)
+    rc, doc, err = check(run)
+    (f,) = assert_fires_json(doc, "CKD511")
+    assert f["message"].endswith(": 6 file(s) differ: m0.py, m1.py, m2.py, m3.py, m4.py ..."), f["message"]

@@ -179,3 +179,103 @@ def test_rng_streams_can_be_chosen_and_same_process_needs_the_explicit_override(
         resume.check({"w": [1, 2]}, str(tmp_path), rank=0, rng={"python"}, allow_same_process=True)
     with pytest.raises(ValueError, match="unknown stream"):
         resume.check({"w": [1, 2]}, str(tmp_path), rank=0, rng={"cuda"}, allow_same_process=True)
+
+
+# ---- generated survivors of the resume group's run (session 23) ------------------------------------
+def _dcp_checkpoint(d):
+    from ckptdoctor.layouts import dcp_writer as W
+    W.write(str(d), [W.Item("w", (2, 2), (0, 0), (2, 2), [1.0] * 4, rank=0)])
+    return d
+
+
+def test_a_digest_set_missing_seven_of_eight_ranks_names_five_and_counts_the_rest(tmp_path):
+    from ckptdoctor import resume
+    ck = _dcp_checkpoint(tmp_path / "ck")
+    resume.record({"w": [1]}, str(ck), rank=0, world_size=8, rng=False)
+    (hit,) = assert_fires(api.verify(str(ck)), "CKD501", severity="error")
+    assert hit.message.endswith("7 of 8 rank digest file(s) missing: rank_00001.json, rank_00002.json, "
+                                "rank_00003.json, rank_00004.json, rank_00005.json and 2 more"), hit.message
+
+
+def test_a_digest_directory_ignores_other_files_and_a_directory_named_like_a_rank_file(tmp_path):
+    from ckptdoctor import resume
+    ck = _dcp_checkpoint(tmp_path / "ck")
+    resume.record({"w": [1]}, str(ck), rank=0, world_size=1, rng=False)
+    (ck / resume.DIR / "README.txt").write_text("notes")
+    (ck / resume.DIR / "rank_00001.json").mkdir()
+    rep = api.verify(str(ck))
+    assert not [f for f in rep.findings if f.rule == "CKD501"], [f.message for f in rep.findings]
+
+
+def test_a_mismatch_message_shows_twenty_items_and_marks_more_with_dots():
+    from ckptdoctor import resume
+    twenty = resume.ResumeMismatch(0, [f"w{i}" for i in range(20)], [], [])
+    assert str(twenty).endswith("20 item(s) differ: " + ", ".join(f"w{i}" for i in range(20)))
+    more = resume.ResumeMismatch(0, [f"w{i}" for i in range(21)], [], [])
+    assert str(more).endswith(", w19 ...")
+
+
+def test_a_digest_names_a_layout_change_and_otherwise_says_the_bytes_differ():
+    from ckptdoctor import resume
+    a = resume.Digest("dtensor", "x", "torch.float32", (4,), "global [8] ['Shard(dim=0)']")
+    b = resume.Digest("dtensor", "y", "torch.float32", (4,), "global [8] ['Replicate()']")
+    assert a.describe(b) == "layout global [8] ['Replicate()'] now, global [8] ['Shard(dim=0)'] when saved"
+    assert a.describe(resume.Digest("dtensor", "y", "torch.float32", (4,), a.extra)) == "bytes differ"
+
+
+def test_complex_values_are_digested_by_their_exact_parts():
+    from ckptdoctor import resume
+    import xxhash
+    d = resume.digest_state({"c": 1 + 2j, "n": complex(0.0, -0.0), "p": complex(0.0, 0.0)})
+    assert d["c"].digest == xxhash.xxh3_128(b"c" + (1.0).hex().encode() + b"," + (2.0).hex().encode()).hexdigest()
+    assert d["n"].digest != d["p"].digest        # -0.0 and 0.0 stay distinct, as for floats
+
+
+def test_a_state_nested_deeper_than_64_lists_is_refused_in_one_line():
+    from ckptdoctor import resume
+    deep = [1]
+    for _ in range(70):
+        deep = [deep]
+    with pytest.raises(TypeError, match=r"nested deeper than 64 levels$"):
+        resume.digest_state(deep)
+
+
+def test_the_numpy_stream_is_recorded_when_numpy_is_in_use_and_follows_its_state():
+    import numpy as np
+    from ckptdoctor import resume
+    np.random.seed(1)
+    a = resume.rng_state(("numpy",))
+    np.random.random()
+    b = resume.rng_state(("numpy",))
+    assert list(a) == ["numpy"] and a["numpy"].digest != b["numpy"].digest
+
+
+@pytest.mark.parametrize("bad", [1, 0.5])
+def test_rng_that_is_neither_a_flag_nor_stream_names_is_a_one_line_error(tmp_path, bad):
+    from ckptdoctor import resume
+    with pytest.raises(ValueError, match=rf"^rng={bad}: pass True, False or stream names"):
+        resume.record({"w": [1]}, str(tmp_path), rank=0, world_size=1, rng=bad)
+
+
+@pytest.mark.parametrize("rank,world", [(5, 2), (2, 2), (-1, 2)])
+def test_a_rank_outside_the_world_is_refused_when_recording(tmp_path, rank, world):
+    from ckptdoctor import resume
+    with pytest.raises(ValueError, match=rf"^rank {rank} is outside a world of {world}"):
+        resume.record({"w": [1]}, str(tmp_path), rank=rank, world_size=world, rng=False)
+
+
+@pytest.mark.parametrize("rank", [-1, 2])
+def test_a_digest_file_with_a_rank_outside_its_world_is_refused(rank):
+    from ckptdoctor import resume
+    doc = {"format": resume.FORMAT, "rank": rank, "world_size": 2, "items": {}}
+    with pytest.raises(ValueError, match=r"^f\.json: rank, world_size or items missing or out of range$"):
+        resume.parse(json.dumps(doc).encode(), "f.json")
+
+
+def test_a_digest_file_over_the_size_bound_is_refused_in_one_line_naming_it(tmp_path, monkeypatch):
+    import re
+    from ckptdoctor import resume
+    path = resume.record({"w": list(range(50))}, str(tmp_path), rank=0, world_size=1, rng=False)
+    monkeypatch.setattr(resume, "MAX_DIGEST_FILE", 64)
+    with pytest.raises(ValueError, match=rf"^{re.escape(path)}: \d+ bytes, larger than the 64-byte limit for this file$"):
+        resume.load(path)
