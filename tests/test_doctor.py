@@ -347,3 +347,95 @@ def test_fix_with_99_backups_of_this_second_already_beside_the_tracker_is_refuse
         fix.run_and_fix(str(megatron_run), lambda: api.make_engine("verify", str(megatron_run)), layout=None,
                         target="resume", fix_to=None, quarantine=False, say=lambda line: None)
     assert (megatron_run / TRACKER).read_text() == "300"
+
+
+def _deepspeed_run(root, steps):
+    for s in steps:
+        d = root / f"global_step{s}"
+        d.mkdir(parents=True)
+        (d / "mp_rank_00_model_states.pt").write_bytes(_PT)
+        for r in range(2):
+            (d / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt").write_bytes(_PT)
+    return root
+
+
+def test_a_rollback_to_global_step6_names_global_step10_as_newer_though_it_sorts_first(tmp_path):
+    """DeepSpeed's tags are not zero-padded: the hint compares steps, not names."""
+    root = _deepspeed_run(tmp_path / "ds", (6, 10))
+    (root / "latest").write_text("global_step6")
+    rc, out, err = cli("verify", "--fix", str(root))
+    assert "(global_step10 is newer and complete: a rollback to global_step6 is left as it is; --fix-to 10 moves it)" \
+        in err and (root / "latest").read_text() == "global_step6", err
+
+
+def test_fix_to_the_step_already_resumed_from_writes_nothing(four):
+    before = snapshot(four)
+    rc, out, err = cli("verify", "--fix", "--fix-to", "200", str(four))
+    assert rc == 0 and "nothing to do: the framework already resumes from iter_0000200, which is complete" in err
+    assert snapshot(four) == before
+
+
+def test_fix_to_a_step_above_256_moves_the_tracker_there(four):
+    """(Step numbers compared by value: CPython shares the int objects only up to 256.)"""
+    rc, out, err = cli("verify", "--fix", "--fix-to", "400", "--dry-run", str(four))
+    assert "would repoint latest_checkpointed_iteration.txt: 200 -> 400" in err, err
+    rc, out, err = cli("verify", "--fix", "--fix-to", "400", str(four))
+    assert rc == 0 and (four / TRACKER).read_text() == "400", err
+
+
+def _trainer_run(root):
+    for s in (500, 1000):
+        d = root / f"checkpoint-{s}"
+        d.mkdir(parents=True)
+        (d / "trainer_state.json").write_text(json.dumps({"global_step": s}))
+    broken = root / "checkpoint-1500"
+    broken.mkdir()
+    (broken / "optimizer.pt").write_bytes(b"x")
+    old = time.time() - 3600
+    for p in (broken / "optimizer.pt", broken):
+        os.utime(p, (old, old))
+    return root
+
+
+def test_a_quarantine_makes_its_renames_durable_with_a_directory_fsync(tmp_path, monkeypatch):
+    from ckptdoctor.commands import fix
+    root = _trainer_run(tmp_path / "out")
+    synced = []
+    real = fix.fsync_dir
+    monkeypatch.setattr(fix, "fsync_dir", lambda d: (synced.append(os.path.realpath(d)), real(d))[1])
+    fix.run_and_fix(str(root), lambda: api.make_engine("verify", str(root)), layout=None, target="resume",
+                    fix_to=None, quarantine=True, say=lambda line: None)
+    assert [e for e in os.listdir(root) if e.startswith("ckptdoctor-quarantined-1500-")]
+    assert synced == [os.path.realpath(root)]
+
+
+def test_a_quarantine_candidate_gone_after_the_judgement_is_not_moved_and_nothing_crashes(tmp_path):
+    from ckptdoctor.commands import fix, verify as vflow
+    root = _trainer_run(tmp_path / "out")
+    rep, runv = vflow.judge(str(root), api.make_engine("verify", str(root)), None, "resume")
+    shutil.rmtree(root / "checkpoint-1500")            # its owner cleaned it up meanwhile
+    p = fix.plan(runv, None, True)
+    assert p.to == "checkpoint-1000" and p.quarantine == []
+
+
+def test_prune_keep_every_zero_is_refused(four):
+    rc, out, err = cli("prune", "--keep-last", "1", "--keep-every", "0", str(four))
+    assert rc == 2 and "--keep-every must be at least 1" in err and len(os.listdir(four)) == 5
+
+
+def test_a_quarantine_on_an_object_store_is_refused_in_one_line_even_for_an_old_broken_checkpoint(tmp_path, monkeypatch):
+    """An hour-old broken checkpoint on S3 (no save in progress): refused as not local, with nothing
+    renamed -- it was an AttributeError when the plan looked for real directories."""
+    import fsspec
+    from ckptdoctor.commands import fix, verify as vflow
+    from ckptdoctor.engine.errors import UsageError
+    from ckptdoctor.layouts import model
+    root = _trainer_run(tmp_path / "out")
+    fs = fsspec.filesystem("memory")
+    fs.put(str(root), "/qrun", recursive=True)
+    rep, runv = vflow.judge("memory://qrun", api.make_engine("verify", "memory://qrun"), None, "resume")
+    assert runv.resume_target == "checkpoint-1500"
+    monkeypatch.setattr(model, "age_seconds", lambda mtime: 3600.0)   # memory:// keeps no old mtimes
+    with pytest.raises(UsageError, match=r"^verify --fix: memory://qrun is not a local directory; repair it where it is mounted$"):
+        fix.plan(runv, None, True)
+    assert fs.exists("/qrun/checkpoint-1500/optimizer.pt")

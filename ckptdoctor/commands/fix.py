@@ -149,6 +149,8 @@ def plan(runv: RunView, fix_to: int | None, quarantine: bool) -> FixPlan:
                              f"pass --quarantine to rename the broken newer checkpoint(s) out of its way")
         if not lay.quarantine:
             raise UsageError(f"verify --fix --quarantine: no quarantine name is known for {lay.family}")
+        if not runv.storage.local:   # (an object store's old broken checkpoint met an AttributeError below)
+            raise UsageError(f"verify --fix: {runv.display} is not a local directory; repair it where it is mounted")
         newer = [c for c in runv.checkpoints if c.step is not None and c.step > want.step]
         _refuse_in_flight(newer)
         moves = [(c.name, lay.quarantine.format(step=c.step, name=c.name, stamp=stamp)) for c in newer
@@ -182,7 +184,7 @@ def _real_dir(runv: RunView, name: str) -> bool:
     import stat
     try:
         return stat.S_ISDIR(os.lstat(runv.storage.abspath(name)).st_mode)
-    except (OSError, NotImplementedError):
+    except OSError:
         return False
 
 
