@@ -458,3 +458,129 @@ def test_a_later_epochs_dataloader_position_counts_every_earlier_epoch(tmp_path)
         assert_fires(got, "CKD301", severity=severity)
         assert sorted((f.rule, f.severity) for f in got.findings) == \
             sorted((f.rule, f.severity) for f in explicit.findings), in_epoch
+
+
+# ---- generated survivors of the runstate group's run (session 23) ----------------------------------
+def test_prompt_ids_are_shown_as_one_range_when_contiguous_else_listed_up_to_eight():
+    from ckptdoctor.checks.reconcile import _ids
+    assert [_ids([]), _ids([4]), _ids([32, 33, 34, 35]), _ids([3, 4, 5])] == ["none", "p4", "p32-p35", "p3-p5"]
+    assert _ids([1, 3, 5]) == "1, 3, 5"
+    assert _ids(list(range(0, 20, 2))) == "0, 2, 4, 6, 8, 10, 12, 14, ..."
+
+
+def test_a_dataloader_one_batch_ahead_names_the_lost_prompts_of_the_simulation(tmp_path):
+    (hit,) = assert_fires(rec(write_state(tmp_path, state(c=6, a=8))), "CKD303", severity="error")
+    assert hit.message.endswith("the next batch pulled (8) is stamped step 7, so 4 prompt(s) are skipped and never "
+                                "trained (simulated: lost on resume p32-p35, lost at save none)"), hit.message
+
+
+def test_an_aligned_state_with_an_odd_cursor_is_deduplication_not_loss(tmp_path):
+    doc = state(c=7, a=8, targets=(8, 8, 8, 8))
+    doc["trainer"].update(step=8, version=8)
+    rep = rec(write_state(tmp_path, doc))
+    (hit,) = assert_fires(rep, "CKD301", severity="warning")
+    assert "the dataloader agrees with the cursor (batches_total 8)" in hit.message
+    assert_no_errors(rep)
+
+
+def test_a_dataloader_one_batch_behind_the_cursor_counts_one_batch_of_duplicates(tmp_path):
+    (hit,) = assert_fires(rec(write_state(tmp_path, state(c=7, a=7, targets=(7,) * 4 + (8,) * 4))), "CKD303",
+                          severity="warning")
+    assert hit.message.startswith("dataloader is 1 batch(es) behind the sampler cursor (batches_total 7, cursor 7)")
+    assert hit.details["prompts_at_risk"] == 4
+
+
+@pytest.mark.parametrize("c,a,targets", [(6, 7, (7,) * 4), (7, 8, (7,) * 4 + (8,) * 4)])
+def test_an_aligned_state_has_no_stall_no_waste_and_no_target_below_the_trainer(tmp_path, c, a, targets):
+    """(Cursor 7: step 7 holds exactly its 4 groups.)"""
+    rep = rec(write_state(tmp_path, state(c=c, a=a, targets=targets)))
+    assert not {"CKD304", "CKD305"} & set(rep.rules()), [(f.rule, f.message) for f in rep.findings]
+
+
+def test_a_step_with_more_groups_than_slots_is_waste_not_a_stall(tmp_path):
+    rep = rec(write_state(tmp_path, state(c=7, a=8, targets=(7,) * 5)))
+    (hit,) = assert_fires(rep, "CKD304", severity="warning")
+    assert hit.message == "step 7 has 5 groups for 4 slots: 1 will be evicted as waste"
+
+
+@pytest.mark.parametrize("reserve,fires", [(36, False), (10, False), (37, True)])
+def test_a_replace_mode_reserve_is_judged_against_the_prompts_pulled_beyond_the_cursor(tmp_path, reserve, fires):
+    """batches_total 16, cursor 6, N=4: (16 - 7) * 4 = 36 prompts pulled beyond the cursor."""
+    doc = state(c=6, a=16, reserve__prompts=reserve)
+    doc["config"]["on_dropped_prompt"] = "replace"
+    rep = rec(write_state(tmp_path, doc))
+    if fires:
+        (hit,) = assert_fires(rep, "CKD307", severity="warning")
+        assert hit.message == ("replacement reserve holds 37 prompt(s), more than the 36 the dataloader pulled "
+                               "beyond the cursor")
+    else:
+        assert "CKD307" not in rep.rules()
+
+
+def test_a_replace_mode_reserve_with_the_dataloader_unknown_is_not_judged(tmp_path):
+    doc = state(c=6, a=16, reserve__prompts=37)
+    doc["config"]["on_dropped_prompt"] = "replace"
+    del doc["dataloader"]
+    assert "CKD307" not in rec(write_state(tmp_path, doc)).rules()
+
+
+def test_the_simulation_trains_exactly_the_steps_asked_for():
+    assert [t["step"] for t in _sim(6, 7, T7).trained] == [7, 8, 9, 10]
+    assert [t["step"] for t in _sim(6, 7, T7, steps=2).trained] == [7, 8]
+
+
+@pytest.mark.parametrize("latency,stalls", [(19, False), (20, True)])
+def test_in_flight_groups_arrive_after_the_rollout_latency_and_twenty_idle_ticks_are_a_stall(latency, stalls):
+    """Restored in-flight groups (rollout_recovery.pt) count only once generated: the trainer waits
+    `latency` ticks for them, and 20 idle ticks (stall_ticks) make a stall."""
+    from ckptdoctor.runstate.simulate import Restored
+    pend = [Restored(7, f"inflight-{i}", ready=False) for i in range(4)]
+    r = simulate(SimInput(4, 1, 7, 6, 7, pend, steps=1, latency=latency))
+    assert (r.stalled_at == {"step": 7, "have": 4, "need": 4}) is stalls, r.stalled_at
+    assert (r.trained == [{"step": 7, "restored": 4, "fresh": 0}]) is not stalls
+
+
+def test_an_in_flight_group_below_the_trainer_is_evicted_only_once_it_completes():
+    from ckptdoctor.runstate.simulate import Restored
+    pend = [Restored(5, "late", ready=False)]
+    assert simulate(SimInput(4, 1, 7, 6, 7, restored_with_ids(T7, 4) + pend, steps=1, latency=5)).evicted_prompts == []
+    assert simulate(SimInput(4, 1, 7, 6, 7, restored_with_ids(T7, 4) + pend, steps=3, latency=1)).evicted_prompts == ["late"]
+
+
+@pytest.mark.parametrize("c,a,targets,reason", [
+    (7, 7, (7,) * 4 + (8,) * 4, "the dataloader is behind the cursor; that needs a dataloader rewind, which is never automated"),
+    (8, 10, (9,) * 4, "cursor 9 would leave the gate window [6, 8]"),
+])
+def test_no_repair_is_offered_and_the_reason_is_given(tmp_path, c, a, targets, reason):
+    rep = rec(write_state(tmp_path, state(c=c, a=a, targets=targets)))
+    assert rep.facts["repair"] == {"available": False, "new_cursor": None, "reason": reason}
+
+
+@pytest.mark.parametrize("latency,stalls", [(20, False), (21, True)])
+def test_the_idle_count_starts_again_after_each_trained_step(latency, stalls):
+    """Step 7 trains at once (restored); step 8's fresh groups, dispatched at tick 0, arrive at tick
+    `latency`: 19 idle ticks after step 7 are no stall, 20 are."""
+    r = simulate(SimInput(4, 1, 7, 6, 7, restored_with_ids(T7, 4), steps=2, latency=latency))
+    assert (r.stalled_at == {"step": 8, "have": 4, "need": 4}) is stalls, r.stalled_at
+
+
+def test_a_provenance_naming_a_file_on_an_object_store_keeps_the_url_whole():
+    from ckptdoctor.runstate.schema import Provenance
+    assert Provenance.parse("s3://b/run/step_7/training_info.json:trainer.step") == \
+        Provenance("file", "s3://b/run/step_7/training_info.json", "trainer.step")
+    assert Provenance.parse("training_info.json:current_step") == Provenance("file", "training_info.json", "current_step")
+
+
+def test_a_mapped_path_with_an_index_picks_that_element():
+    from ckptdoctor.runstate.pathexpr import MISSING, get_path
+    doc = {"groups": [{"step": 3}, {"step": 4}]}
+    assert get_path(doc, "groups[1].step") == 4 and get_path(doc, "groups[2].step") is MISSING
+
+
+def test_a_run_state_file_over_the_size_bound_is_a_one_line_error_naming_it(tmp_path, monkeypatch):
+    from ckptdoctor.engine.errors import InputError
+    from ckptdoctor.runstate import profiles
+    path = write_state(tmp_path, state())
+    monkeypatch.setattr(profiles, "MAX_JSON_BYTES", 100)
+    with pytest.raises(InputError, match=rf"^{path}: larger than 100 bytes; not a run-state file$"):
+        rec(path)

@@ -145,7 +145,3 @@ def _group(g: Any, where: str) -> dict:
     if out["status"] is not None and out["status"] not in STATUSES:
         raise InputError(f"{where}.status {out['status']!r}: use one of {', '.join(STATUSES)}")
     return out
-
-
-def empty(origin: str) -> dict:
-    return {"schema": SCHEMA, **{sec: {} for sec in FIELDS}}
