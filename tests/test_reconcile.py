@@ -463,7 +463,8 @@ def test_a_later_epochs_dataloader_position_counts_every_earlier_epoch(tmp_path)
 # ---- generated survivors of the runstate group's run (session 23) ----------------------------------
 def test_prompt_ids_are_shown_as_one_range_when_contiguous_else_listed_up_to_eight():
     from ckptdoctor.checks.reconcile import _ids
-    assert [_ids([]), _ids([4]), _ids([32, 33, 34, 35]), _ids([3, 4, 5])] == ["none", "p4", "p32-p35", "p3-p5"]
+    assert [_ids([]), _ids([4]), _ids([32, 33, 34, 35]), _ids([3, 4, 5]), _ids([4, 5])] == \
+        ["none", "p4", "p32-p35", "p3-p5", "p4-p5"]
     assert _ids([1, 3, 5]) == "1, 3, 5"
     assert _ids(list(range(0, 20, 2))) == "0, 2, 4, 6, 8, 10, 12, 14, ..."
 
@@ -472,6 +473,7 @@ def test_a_dataloader_one_batch_ahead_names_the_lost_prompts_of_the_simulation(t
     (hit,) = assert_fires(rec(write_state(tmp_path, state(c=6, a=8))), "CKD303", severity="error")
     assert hit.message.endswith("the next batch pulled (8) is stamped step 7, so 4 prompt(s) are skipped and never "
                                 "trained (simulated: lost on resume p32-p35, lost at save none)"), hit.message
+    assert hit.details["prompts_at_risk"] == 4
 
 
 def test_an_aligned_state_with_an_odd_cursor_is_deduplication_not_loss(tmp_path):
@@ -495,6 +497,8 @@ def test_an_aligned_state_has_no_stall_no_waste_and_no_target_below_the_trainer(
     """(Cursor 7: step 7 holds exactly its 4 groups.)"""
     rep = rec(write_state(tmp_path, state(c=c, a=a, targets=targets)))
     assert not {"CKD304", "CKD305"} & set(rep.rules()), [(f.rule, f.message) for f in rep.findings]
+    (hit,) = assert_fires(rep, "CKD301", severity="warning")
+    assert hit.details["targets_ahead"] == [c + 1] and hit.details["dropped_prompts"] == 4   # not the cursor's own step
 
 
 def test_a_step_with_more_groups_than_slots_is_waste_not_a_stall(tmp_path):
@@ -584,3 +588,50 @@ def test_a_run_state_file_over_the_size_bound_is_a_one_line_error_naming_it(tmp_
     monkeypatch.setattr(profiles, "MAX_JSON_BYTES", 100)
     with pytest.raises(InputError, match=rf"^{path}: larger than 100 bytes; not a run-state file$"):
         rec(path)
+
+
+def test_a_stalled_step_hint_counts_what_lowering_the_cursor_costs(tmp_path):
+    (hit,) = assert_fires(rec(write_state(tmp_path, state(c=7, a=8, targets=(7, 7)))), "CKD304", severity="error")
+    assert hit.hint == ("lowering the cursor to 6 gap-fills but shifts every later stamp, costing 2 fresh prompt(s) "
+                        "and 2 original(s); decide by hand")
+
+
+def test_restored_targets_with_a_hole_name_the_missing_step(tmp_path):
+    doc = state(c=8, a=9, targets=(7, 7, 7, 7, 9, 9, 9, 9))
+    doc["config"]["max_lookahead_versions"] = 2
+    hits = [h for h in assert_fires(rec(write_state(tmp_path, doc)), "CKD305") if "contiguous" in h.message]
+    assert [(h.severity, h.details["missing"]) for h in hits] == [("warning", [8])]
+
+
+def test_a_saved_sampler_other_than_the_configured_one_is_an_error_whichever_sorts_first(tmp_path):
+    for saved, cfg in (("in_order", "windowed"), ("windowed", "in_order")):
+        doc = state()
+        doc["config"]["sampler"] = cfg
+        doc["sampler"]["name"] = saved
+        (hit,) = assert_fires(rec(write_state(tmp_path, doc)), "CKD312", severity="error")
+        assert hit.message.startswith(f"checkpoint was saved with sampler {saved!r}, the config says {cfg!r}")
+
+
+def test_a_mapped_expression_adds_and_subtracts_and_keys_of_any_case_are_fields():
+    from ckptdoctor.runstate.pathexpr import evaluate, get_path
+    assert evaluate({"a": 3, "b": 5}, "a + b") == 8 and evaluate({"a": 3, "b": 5}, "a - b") == -2
+    assert get_path({"State": {"A": 5}}, "State.A") == 5
+
+
+def test_a_one_character_file_name_in_a_provenance_is_a_file():
+    from ckptdoctor.runstate.schema import Provenance
+    assert Provenance.parse("x:trainer.step") == Provenance("file", "x", "trainer.step")
+
+
+def test_id_less_restored_groups_take_the_prompts_of_their_batch_in_order():
+    from ckptdoctor.runstate.simulate import restored_with_ids
+    assert [r.prompt for r in restored_with_ids([(7, None)] * 3, 3)] == [21, 22, 23]
+    assert [r.prompt for r in restored_with_ids([(7, None)] * 3, 3, diverted=1)] == [24, 25, 26]
+
+
+@pytest.mark.parametrize("a,targets,new", [(8, (7,) * 4, 7), (9, (7,) * 4 + (8,) * 4, 8), (10, (7,) * 4 + (8,) * 4 + (9,) * 4, None)])
+def test_a_repair_is_offered_for_a_cursor_inside_the_gate_window_edges_included(tmp_path, a, targets, new):
+    """Trainer 7, lookahead 1: the window is [6, 8]; cursor 9 is refused."""
+    rep = rec(write_state(tmp_path, state(c=6, a=a, targets=targets)))
+    assert rep.facts["repair"]["available"] is (new is not None) and rep.facts["repair"]["new_cursor"] == new, \
+        rep.facts["repair"]
