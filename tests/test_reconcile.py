@@ -635,3 +635,45 @@ def test_a_repair_is_offered_for_a_cursor_inside_the_gate_window_edges_included(
     rep = rec(write_state(tmp_path, state(c=6, a=a, targets=targets)))
     assert rep.facts["repair"]["available"] is (new is not None) and rep.facts["repair"]["new_cursor"] == new, \
         rep.facts["repair"]
+
+
+def test_a_dataloader_ahead_of_an_odd_cursor_says_which_batch_the_cursor_expects(tmp_path):
+    doc = state(c=7, a=9, targets=(8, 8, 8, 8))
+    doc["trainer"].update(step=8, version=8)
+    (hit,) = assert_fires(rec(write_state(tmp_path, doc)), "CKD301", severity="error")
+    assert "the dataloader is ahead (batches_total 9 > cursor+1 = 8), so they are fresh prompts and are LOST" \
+        in hit.message
+
+
+@pytest.mark.parametrize("c,fires,why", [
+    (5, True, "the next stamps fall below the trainer version"), (6, False, None), (8, False, None),
+    (9, True, "the gate is already violated")])
+def test_the_gate_window_is_trainer_minus_one_to_trainer_plus_lookahead_edges_included(tmp_path, c, fires, why):
+    rep = rec(write_state(tmp_path, state(c=c, a=c + 1, targets=())))
+    if not fires:
+        assert "CKD302" not in rep.rules()
+        return
+    (hit,) = assert_fires(rep, "CKD302", severity="error")
+    assert hit.message.startswith(f"sampler cursor {c} is outside the gate window [6, 8] (trainer version 7, "
+                                  f"lookahead 1): {why}"), hit.message
+
+
+def test_stale_groups_are_those_generated_before_trainer_minus_staleness(tmp_path):
+    doc = state(targets=(8, 8, 8, 8))
+    doc["trainer"].update(step=8, version=8)
+    doc["config"].update(sampler="windowed", max_staleness_versions=2)
+    for g, sv in zip(doc["buffer"]["groups"], (5, 5, 6, 7)):
+        g["start_version"] = sv
+    (hit,) = assert_fires(rec(write_state(tmp_path, doc)), "CKD306")
+    assert hit.details["groups"] == 2
+    assert hit.message.startswith("2 buffered group(s) were generated before version 6 (trainer 8, max staleness 2)")
+
+
+def test_more_restored_groups_than_a_step_needs_dispatch_nothing_for_it():
+    assert _row(_sim(6, 7, [(7, None)] * 5), 7) == (7, 0, 4, 4, 0)
+
+
+def test_more_prompts_consumed_than_steps_times_batch_is_named_with_both_numbers(tmp_path):
+    rep = rec(write_state(tmp_path, state(trainer__consumed_prompts=40)))
+    (hit,) = assert_fires(rep, "CKD309")
+    assert hit.message == "consumed_prompts 40 exceeds num_prompts_per_step x step = 28"
