@@ -439,3 +439,10 @@ def test_a_quarantine_on_an_object_store_is_refused_in_one_line_even_for_an_old_
     with pytest.raises(UsageError, match=r"^verify --fix: memory://qrun is not a local directory; repair it where it is mounted$"):
         fix.plan(runv, None, True)
     assert fs.exists("/qrun/checkpoint-1500/optimizer.pt")
+
+
+def test_fix_on_a_single_checkpoint_is_refused_in_one_line(megatron_run):
+    before = snapshot(megatron_run)
+    rc, out, err = cli("verify", "--fix", str(megatron_run / "iter_0000200"))
+    assert rc == 2 and "--fix repairs a run root (the tracker or the newest directory), not a single checkpoint" in err
+    assert "Traceback" not in err and snapshot(megatron_run) == before
