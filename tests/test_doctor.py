@@ -241,6 +241,7 @@ def test_a_real_fix_reports_it_applied_the_plan_with_the_backup_and_the_reason(m
     assert rc == 0 and fixed["applied"] is True and fixed["dry_run"] is False, fixed
     backups = [e for e in os.listdir(megatron_run) if e.startswith(TRACKER + ".ckptdoctor-bak-")]
     assert [fixed["tracker"]["backup"]] == backups and fixed["tracker"]["old"] == "300"
+    assert f"repoint {TRACKER}: 300 -> 200 (backup {backups[0]})" in err
     assert ("verify --fix: the framework would resume from iter_0000300; iter_0000200 is the newest "
             "complete checkpoint") in err
     rc, out, err = cli("verify", "--fix", "--dry-run", "-f", "json", str(megatron_run))
@@ -254,6 +255,7 @@ def test_a_fix_with_no_tracker_says_the_framework_would_resume_from_nothing_and_
     fixed = json.loads(out)["facts"]["fixed"]
     assert fixed["tracker"]["old"] is None and fixed["tracker"]["backup"] is None, fixed
     assert "the framework would resume from nothing; iter_0000200 is the newest complete checkpoint" in err
+    assert f"would repoint {TRACKER}: (missing) -> 200 (backup none: it did not exist)" in err
 
 
 def test_fix_to_a_step_between_two_checkpoints_is_refused_not_rounded_to_a_neighbour(megatron_run):
