@@ -14,6 +14,7 @@ import pytest
 
 from ckptdoctor import api
 from helpers import assert_fires, assert_no_errors, cli
+from test_doctor import repair
 
 RUN = Path(__file__).parent / "fixtures" / "real" / "composer" / "run"
 LINK, B2, B4 = "latest-rank0.pt", "ep0-ba2-rank0.pt", "ep0-ba4-rank0.pt"
@@ -147,12 +148,6 @@ def test_preflight_names_the_node_whose_copy_lacks_the_checkpoint_file_every_ran
 
 
 # ---- generated survivors of the actions group's full run (session 23) -----------------------------
-def _fix_in_process(run):
-    from ckptdoctor.commands import fix
-    return fix.run_and_fix(str(run), lambda: api.make_engine("verify", str(run)), layout=None, target="resume",
-                           fix_to=None, quarantine=False, say=lambda line: None)
-
-
 def test_fix_creates_a_missing_latest_link_with_no_backup(tmp_path):
     run = _copy(tmp_path)
     os.remove(run / LINK)
@@ -188,7 +183,7 @@ def test_fix_never_repoints_a_link_a_new_save_moved_after_the_judgement(tmp_path
         return real(runv, p)
     monkeypatch.setattr(fix, "apply", racing)
     with pytest.raises(UsageError, match="changed while being repaired"):
-        _fix_in_process(run)
+        repair(run)
     assert os.readlink(run / LINK) == "ep0-ba6-rank0.pt"
     assert not [n for n in os.listdir(run) if ".ckptdoctor-bak" in n or "ckptdoctor-tmp" in n]
 
@@ -212,7 +207,7 @@ def test_fix_never_repoints_a_link_changed_between_its_temp_link_and_the_rename(
         return real(path, target, before_rename=before_rename)
     monkeypatch.setattr(fix, "replace_symlink", racing)
     with pytest.raises(UsageError, match="changed while being repaired"):
-        _fix_in_process(run)
+        repair(run)
     if concurrent == "link":
         assert os.readlink(run / LINK) == "ep0-ba6-rank0.pt"
     else:

@@ -94,14 +94,35 @@ def test_fix_refused_on_an_object_store(megatron_run):
 _PT = __import__("ckptdoctor.layouts.dcp_writer", fromlist=["x"]).object_archive(b"\x80\x02}q\x00.")
 
 
-def test_fix_deepspeed_latest(tmp_path):
-    root = tmp_path / "ds"
-    for s in (3, 6):
+def _trainer_run(root, age=3600):
+    """HF Trainer: checkpoint-500 and -1000 complete, checkpoint-1500 died before trainer_state.json,
+    its files written `age` seconds ago (0: just now, like a save in progress)."""
+    for s in (500, 1000):
+        d = root / f"checkpoint-{s}"
+        d.mkdir(parents=True)
+        (d / "trainer_state.json").write_text(json.dumps({"global_step": s}))
+    broken = root / "checkpoint-1500"
+    broken.mkdir()
+    (broken / "optimizer.pt").write_bytes(b"x")
+    if age:
+        old = time.time() - age
+        for p in (broken / "optimizer.pt", broken):
+            os.utime(p, (old, old))
+    return root
+
+
+def _deepspeed_run(root, steps):
+    for s in steps:
         d = root / f"global_step{s}"
         d.mkdir(parents=True)
         (d / "mp_rank_00_model_states.pt").write_bytes(_PT)   # whole torch.save zips (CKD117)
         for r in range(2):
             (d / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt").write_bytes(_PT)
+    return root
+
+
+def test_fix_deepspeed_latest(tmp_path):
+    root = _deepspeed_run(tmp_path / "ds", (3, 6))
     os.remove(root / "global_step6" / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
     (root / "latest").write_text("global_step6")
     rc, out, err = cli("verify", "--fix", "--target", "resume", str(root))
@@ -109,14 +130,8 @@ def test_fix_deepspeed_latest(tmp_path):
 
 
 def test_quarantine_for_a_newest_directory_family(tmp_path):
-    root = tmp_path / "out"
-    for s in (500, 1000):
-        d = root / f"checkpoint-{s}"
-        d.mkdir(parents=True)
-        (d / "trainer_state.json").write_text(json.dumps({"global_step": s}))
+    root = _trainer_run(tmp_path / "out", age=0)
     broken = root / "checkpoint-1500"
-    broken.mkdir()
-    (broken / "optimizer.pt").write_bytes(b"x")  # died before trainer_state.json
     assert api.verify(str(root)).facts["resume_from"] == "checkpoint-1500"
     rc, out, err = cli("verify", "--fix", str(root))
     assert rc == 2 and "--quarantine" in err and broken.exists()
@@ -233,6 +248,27 @@ def test_prune_and_manifest_take_several_paths_in_one_process(four, tmp_path):
 
 
 # ---- generated survivors of the actions group's full run (session 23) -----------------------------
+def repair(root, quarantine=False):
+    """`verify --fix` in this process (so a test can stand in for a racing writer)."""
+    from ckptdoctor.commands import fix
+    return fix.run_and_fix(str(root), lambda: api.make_engine("verify", str(root)), layout=None, target="resume",
+                           fix_to=None, quarantine=quarantine, say=lambda line: None)
+
+
+@pytest.fixture
+def frozen_clock(monkeypatch):
+    """verify --fix's clock stopped at 2026-12-05 12:00:00 UTC: backup names of one second collide."""
+    import datetime as real_dt
+    import types
+    from ckptdoctor.commands import fix
+
+    class Frozen(real_dt.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return real_dt.datetime(2026, 12, 5, 12, 0, 0, tzinfo=tz)
+    monkeypatch.setattr(fix, "_dt", types.SimpleNamespace(datetime=Frozen, timezone=real_dt.timezone))
+
+
 def test_a_real_fix_reports_it_applied_the_plan_with_the_backup_and_the_reason(megatron_run):
     """The JSON a wrapper script reads after `verify --fix`: applied, not a dry run, the backup's
     name, and why (what the framework would have resumed from, what it resumes from now)."""
@@ -291,25 +327,13 @@ def test_prune_keep_last_two_keeps_the_two_newest_and_zero_is_refused(four):
     assert rc == 2 and "--keep-last must be at least 1" in err
 
 
-def test_fix_never_overwrites_a_tracker_written_between_its_temp_file_and_the_rename(megatron_run, monkeypatch):
+def test_fix_never_overwrites_a_tracker_written_between_its_temp_file_and_the_rename(megatron_run, monkeypatch, frozen_clock):
     """A publish that moves the tracker (to 400, or back to 100) in the last window before the
     rename wins: the repair is refused in one line, the tracker keeps what the publish wrote and no
     backup is left ("nothing written").  Run again at once (what the message asks: the clock frozen
     at one second, so backup names collide deterministically), each repair keeps its own backup."""
-    import datetime as real_dt
-    import types
     from ckptdoctor.commands import fix
     from ckptdoctor.engine.errors import UsageError
-
-    class Frozen(real_dt.datetime):
-        @classmethod
-        def now(cls, tz=None):
-            return real_dt.datetime(2026, 12, 5, 12, 0, 0, tzinfo=tz)
-    monkeypatch.setattr(fix, "_dt", types.SimpleNamespace(datetime=Frozen, timezone=real_dt.timezone))
-
-    def repair():
-        fix.run_and_fix(str(megatron_run), lambda: api.make_engine("verify", str(megatron_run)), layout=None,
-                        target="resume", fix_to=None, quarantine=False, say=lambda line: None)
     real = fix.replace_file
     for concurrent in ("400", "100"):
         (megatron_run / TRACKER).write_text("300")
@@ -319,46 +343,26 @@ def test_fix_never_overwrites_a_tracker_written_between_its_temp_file_and_the_re
             return real(path, data, before_rename=before_rename, **kw)
         monkeypatch.setattr(fix, "replace_file", racing)
         with pytest.raises(UsageError, match="changed while being repaired"):
-            repair()
+            repair(megatron_run)
         assert (megatron_run / TRACKER).read_text() == concurrent
         assert not [e for e in os.listdir(megatron_run) if ".ckptdoctor-bak" in e]
     monkeypatch.setattr(fix, "replace_file", real)
     for _ in range(2):
         (megatron_run / TRACKER).write_text("300")
-        repair()
+        repair(megatron_run)
         assert (megatron_run / TRACKER).read_text() == "200"
     assert sorted(e for e in os.listdir(megatron_run) if ".ckptdoctor-bak" in e) == \
         [TRACKER + ".ckptdoctor-bak-20261205T120000Z", TRACKER + ".ckptdoctor-bak-20261205T120000Z-2"]
 
 
-def test_fix_with_99_backups_of_this_second_already_beside_the_tracker_is_refused_in_one_line(megatron_run, monkeypatch):
-    import datetime as real_dt
-    import types
-    from ckptdoctor.commands import fix
+def test_fix_with_99_backups_of_this_second_already_beside_the_tracker_is_refused_in_one_line(megatron_run, frozen_clock):
     from ckptdoctor.engine.errors import UsageError
-
-    class Frozen(real_dt.datetime):
-        @classmethod
-        def now(cls, tz=None):
-            return real_dt.datetime(2026, 12, 5, 12, 0, 0, tzinfo=tz)
-    monkeypatch.setattr(fix, "_dt", types.SimpleNamespace(datetime=Frozen, timezone=real_dt.timezone))
     base = TRACKER + ".ckptdoctor-bak-20261205T120000Z"
     for n in range(1, 100):
         (megatron_run / (base if n == 1 else f"{base}-{n}")).write_text("old")
     with pytest.raises(UsageError, match=rf"^verify --fix: {base} and 98 more backups exist beside {TRACKER}; nothing written$"):
-        fix.run_and_fix(str(megatron_run), lambda: api.make_engine("verify", str(megatron_run)), layout=None,
-                        target="resume", fix_to=None, quarantine=False, say=lambda line: None)
+        repair(megatron_run)
     assert (megatron_run / TRACKER).read_text() == "300"
-
-
-def _deepspeed_run(root, steps):
-    for s in steps:
-        d = root / f"global_step{s}"
-        d.mkdir(parents=True)
-        (d / "mp_rank_00_model_states.pt").write_bytes(_PT)
-        for r in range(2):
-            (d / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt").write_bytes(_PT)
-    return root
 
 
 def test_a_rollback_to_global_step6_names_global_step10_as_newer_though_it_sorts_first(tmp_path):
@@ -385,28 +389,13 @@ def test_fix_to_a_step_above_256_moves_the_tracker_there(four):
     assert rc == 0 and (four / TRACKER).read_text() == "400", err
 
 
-def _trainer_run(root):
-    for s in (500, 1000):
-        d = root / f"checkpoint-{s}"
-        d.mkdir(parents=True)
-        (d / "trainer_state.json").write_text(json.dumps({"global_step": s}))
-    broken = root / "checkpoint-1500"
-    broken.mkdir()
-    (broken / "optimizer.pt").write_bytes(b"x")
-    old = time.time() - 3600
-    for p in (broken / "optimizer.pt", broken):
-        os.utime(p, (old, old))
-    return root
-
-
 def test_a_quarantine_makes_its_renames_durable_with_a_directory_fsync(tmp_path, monkeypatch):
     from ckptdoctor.commands import fix
     root = _trainer_run(tmp_path / "out")
     synced = []
     real = fix.fsync_dir
     monkeypatch.setattr(fix, "fsync_dir", lambda d: (synced.append(os.path.realpath(d)), real(d))[1])
-    fix.run_and_fix(str(root), lambda: api.make_engine("verify", str(root)), layout=None, target="resume",
-                    fix_to=None, quarantine=True, say=lambda line: None)
+    repair(root, quarantine=True)
     assert [e for e in os.listdir(root) if e.startswith("ckptdoctor-quarantined-1500-")]
     assert synced == [os.path.realpath(root)]
 
