@@ -184,7 +184,7 @@ MUTANTS = [
       '            protect.setdefault(newest.name, "the newest complete checkpoint")', "            pass",
       ("tests/test_doctor.py",), "prune removes the newest complete checkpoint"),
     M("fix-backup-skipped", "ckptdoctor/commands/fix.py",
-      "            write_new(os.path.join(root, p.tracker[\"backup\"]), current)", "            pass",
+      "            _keep_backup(root, p.tracker, lambda b: write_new(b, current))", "            pass",
       ("tests/test_doctor.py",), "verify --fix overwrites the tracker without a backup"),
     # ---- session 14: judgement, the gate, locks, real-library families ------------------------------
     M("selection-skips-checks", "ckptdoctor/engine/runner.py",
