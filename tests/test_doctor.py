@@ -143,6 +143,8 @@ def test_quarantine_for_a_newest_directory_family(tmp_path):
     rc, out, err = cli("verify", "--fix", "--quarantine", "-f", "json", str(root))
     doc = json.loads(out)
     assert rc == 0 and doc["facts"]["resume_from"] == "checkpoint-1000", err
+    assert ("the framework would resume from checkpoint-1500; quarantining 1 newer checkpoint(s) makes it "
+            "resume from checkpoint-1000") in err
     moved = [e for e in os.listdir(root) if e.startswith("ckptdoctor-quarantined-1500-")]
     assert len(moved) == 1 and (root / moved[0] / "optimizer.pt").read_bytes() == b"x"  # moved, not deleted
     import re
@@ -154,6 +156,9 @@ def test_fix_with_nothing_to_do_changes_nothing(megatron_run):
     before = snapshot(megatron_run)
     rc, out, err = cli("verify", "--fix", str(megatron_run))
     assert "nothing to do" in err and snapshot(megatron_run) == before
+    # the tracker is on the newest complete checkpoint: no rollback is suggested
+    assert "verify --fix: nothing to do: the framework already resumes from iter_0000200, which is complete\n" in err
+    assert "rollback" not in err and "--fix-to" not in err, err
 
 
 # ---- prune ----------------------------------------------------------------------------------------------
@@ -190,6 +195,26 @@ def test_prune_keeps_one_being_written(four):
     rc, out, err = cli("prune", "--keep-last", "1", "-f", "json", str(four))
     pr = json.loads(out)["facts"]["pruned"]
     assert "iter_0000100" not in pr["removed"] and "being written" in pr["kept"]["iter_0000100"]
+
+
+def test_prune_on_a_single_checkpoint_is_refused_in_one_line(four):
+    """Not even the lock file is written into it (refused before the lock is taken)."""
+    before = snapshot(four)
+    for dry in ([], ["--dry-run"]):
+        rc, out, err = cli("prune", "--keep-last", "1", *dry, str(four / "iter_0000300"))
+        assert rc == 2 and "prune works on a run root (a directory of checkpoints)" in err, (dry, err)
+        assert "Traceback" not in err and snapshot(four) == before
+
+
+def test_prune_counts_an_empty_abandoned_checkpoint_as_zero_bytes_freed(four):
+    """The bytes prune says it frees are the removed checkpoints' sizes exactly: a directory a save
+    created and died in before writing anything frees nothing, not one byte (nor minus one)."""
+    (four / "iter_0000050").mkdir()
+    rc, out, err = cli("prune", "--keep-last", "1", "--dry-run", "-f", "json", str(four))
+    pr = json.loads(out)["facts"]["pruned"]
+    assert rc == 0 and sorted(pr["removed"]) == ["iter_0000050", "iter_0000100", "iter_0000300"], pr
+    size = sum(f.stat().st_size for n in ("iter_0000100", "iter_0000300") for f in (four / n).rglob("*") if f.is_file())
+    assert pr["bytes"] == size
 
 
 def test_prune_needs_a_policy(four):
@@ -437,3 +462,43 @@ def test_fix_on_a_single_checkpoint_is_refused_in_one_line(megatron_run):
     rc, out, err = cli("verify", "--fix", str(megatron_run / "iter_0000200"))
     assert rc == 2 and "--fix repairs a run root (the tracker or the newest directory), not a single checkpoint" in err
     assert "Traceback" not in err and snapshot(megatron_run) == before
+
+
+def test_a_newer_checkpoint_gone_during_the_in_flight_check_does_not_hide_one_still_being_written():
+    """Each newer checkpoint is asked when it was last written; one deleted meanwhile (its listing
+    fails) is passed over, and the next one, written just now, still refuses the quarantine."""
+    from ckptdoctor.commands import fix
+    from ckptdoctor.engine.errors import UsageError
+
+    class Gone:
+        name = "checkpoint-1500"
+
+        @property
+        def newest_mtime(self):
+            raise FileNotFoundError(2, "No such file or directory")
+
+    class Fresh:
+        name = "checkpoint-2000"
+        newest_mtime = time.time()
+    with pytest.raises(UsageError, match=r"checkpoint-2000 was written \d+ s ago and may be a save in progress"):
+        fix._refuse_in_flight([Gone(), Fresh()])
+    fix._refuse_in_flight([Gone()])   # gone and nothing else: no save in progress to protect
+
+
+def test_a_broken_checkpoint_last_written_exactly_the_in_flight_window_ago_is_quarantined(tmp_path, monkeypatch):
+    """The window (rules/publish.yaml `parts_stale_seconds`) is how long a save may go without
+    writing: at exactly that age it is over, and the quarantine goes ahead."""
+    from ckptdoctor.layouts import model
+    from ckptdoctor.publishing import naming
+    root = _trainer_run(tmp_path / "out", age=0)
+    window = float(naming.config()["parts_stale_seconds"])
+    monkeypatch.setattr(model, "age_seconds", lambda mtime: window)
+    repair(root, quarantine=True)
+    assert not (root / "checkpoint-1500").exists()
+    assert [e for e in os.listdir(root) if e.startswith("ckptdoctor-quarantined-1500-")]
+    monkeypatch.setattr(model, "age_seconds", lambda mtime: window - 0.5)
+    root2 = _trainer_run(tmp_path / "out2", age=0)
+    from ckptdoctor.engine.errors import UsageError
+    with pytest.raises(UsageError, match="may be a save in progress"):
+        repair(root2, quarantine=True)
+    assert (root2 / "checkpoint-1500").is_dir()

@@ -203,15 +203,17 @@ def _spawn(args, log):
                             stderr=subprocess.PIPE, text=True)
 
 
-def test_fix_decides_under_the_lock_and_never_undoes_a_publish(run, tmp_path):
+@pytest.mark.parametrize("as_url", [False, True], ids=["path", "file-url"])
+def test_fix_decides_under_the_lock_and_never_undoes_a_publish(run, tmp_path, as_url):
     """iter_0000002 broken, tracker at 2: --fix wants 2 -> 1.  While it waits for the lock, a publish
     lands a complete iter_0000003 and moves the tracker to 3.  Judged under the lock, --fix sees a
-    complete target and leaves it; a fix planned before the lock would write 3 -> 1."""
+    complete target and leaves it; a fix planned before the lock would write 3 -> 1.  The same lock
+    whether the run root is given as a path or as a file:// URL."""
     shutil.copytree(run / "iter_0000002", tmp_path / "good3")
     damage.apply(str(run), [["truncate", "iter_0000002/__0_0.distcp"]])
     log = tmp_path / "phases"
     with LocalDest(str(run)).lock():
-        proc = _spawn(["verify", "--fix", str(run)], log)
+        proc = _spawn(["verify", "--fix", f"file://{run}" if as_url else str(run)], log)
         _wait_for(log, "lock-wait", proc)
         shutil.copytree(tmp_path / "good3", run / "iter_0000003")   # the publish, under the lock
         (run / TRACKER).write_text("3")

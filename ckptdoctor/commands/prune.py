@@ -25,6 +25,8 @@ def run(location: str, engine: Engine, *, keep_last: int | None, keep_every: int
     if keep_every is not None and keep_every < 1:
         raise UsageError("--keep-every must be at least 1")
     import contextlib
+    if not dry_run:
+        _refuse_unless_a_run_root(location)
     dest = _dest(location)
     # judged under the lock it deletes under (a dry run writes nothing, not even the lock): a publish
     # or `verify --fix` that moves the tracker meanwhile is waited for, and what it names is protected
@@ -52,6 +54,20 @@ def run(location: str, engine: Engine, *, keep_last: int | None, keep_every: int
     out = {"dry_run": dry_run, "removed": p.removed, "kept": p.kept, "bytes": freed}
     rep.facts["pruned"] = out
     return out
+
+
+def _refuse_unless_a_run_root(location: str) -> None:
+    """Refused before the lock is taken: taking it writes `.ckptdoctor-lock` into the directory named,
+    and a single checkpoint must come out of a refused prune exactly as it went in.  One listing, no
+    judgement (the judgement under the lock checks it again)."""
+    from ..io.fs import open_location
+    from ..layouts.locate import locate
+    try:
+        found = locate(open_location(location))
+    except (OSError, ValueError):
+        return   # the judgement under the lock reports what cannot be read, in its own words
+    if found.kind == "checkpoint":
+        raise UsageError(f"{location}: prune works on a run root (a directory of checkpoints)")
 
 
 def _dest(location: str):
