@@ -2,6 +2,8 @@
 import os
 import shutil
 
+import pytest
+
 from ckptdoctor import api
 from conftest import needs_torch
 from helpers import as_unprivileged, assert_fires, assert_fires_json
@@ -129,3 +131,44 @@ def test_unreadable_checkpoint_dir(real):
         assert "ermission" in hits[0]["message"]
     finally:
         os.chmod(d / "iter_0000100", 0o755)
+
+
+def test_a_metadata_json_nested_too_deep_to_parse_is_an_unreadable_marker_not_a_crash(real):
+    """metadata.json is read to learn whether common.pt is required; JSON nested a hundred thousand
+    levels deep (deeper than Python's parser recurses) is named as an unreadable marker, the other
+    checks still run, and the checkpoint is not complete."""
+    d = real("megatron_run")
+    (d / "iter_0000200" / "metadata.json").write_text("[" * 100_000 + "]" * 100_000)
+    (d / "iter_0000200" / "common.pt").unlink()
+    rep = api.verify(str(d))
+    assert rep.facts["newest_complete"] == "iter_0000100"
+    assert not any(f.rule == "CKD900" for f in rep.findings), [(f.rule, f.message) for f in rep.findings]
+    assert any("metadata.json" in f.path and f.severity == "error" for f in rep.findings), \
+        [(f.rule, f.path, f.severity) for f in rep.findings]
+
+
+@pytest.mark.parametrize("content,says", [
+    ('{"sharded_backend": "torch_dist", "sharded_backend_version": 1, "comm', "is not valid JSON"),
+    ("[]", "holds a JSON list, not an object"),
+    ('{"sharded_backend": "torch_dist", "format": 2}', "has a field Megatron-Core's dist_checkpointing.load does not know ('format')"),
+    ('{"common_backend": "torch"}', "lacks sharded_backend"),
+    (" " * ((1 << 20) + 1), "is larger than 1 MiB (not read)"),
+])
+def test_a_metadata_json_megatron_cannot_parse_makes_the_checkpoint_incomplete(real, content, says):
+    """Every rank's load parses metadata.json as CheckpointingConfig(**doc): what it raises on is an
+    error naming the file, and the gate falls back to the older checkpoint."""
+    d = real("megatron_run")
+    (d / "iter_0000200" / "metadata.json").write_text(content)
+    rep = api.verify(str(d), target="resume")
+    [hit] = assert_fires(rep, "CKD136", path_contains="iter_0000200/metadata.json", severity="error")
+    assert says in hit.message and hit.message.endswith("raises on every rank"), hit.message
+    assert rep.facts["newest_complete"] == "iter_0000100" and rep.failed()
+
+
+def test_a_metadata_json_without_the_fields_megatron_defaults_is_no_finding(real):
+    """CheckpointingConfig defaults every field but sharded_backend (measured: the real load of
+    {"sharded_backend": "torch_dist"} beside common.pt succeeds)."""
+    d = real("megatron_run")
+    (d / "iter_0000200" / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
+    rep = api.verify(str(d), target="resume")
+    assert "CKD136" not in rep.rules() and rep.facts["newest_complete"] == "iter_0000200"

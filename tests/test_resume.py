@@ -232,12 +232,19 @@ def test_complex_values_are_digested_by_their_exact_parts():
 
 
 def test_a_state_nested_deeper_than_64_lists_is_refused_in_one_line():
+    """A leaf 64 levels down is digested; one level deeper is refused."""
     from ckptdoctor import resume
-    deep = [1]
-    for _ in range(70):
-        deep = [deep]
+
+    def nested(levels):
+        deep = 1
+        for _ in range(levels):
+            deep = [deep]
+        return deep
+    assert len(resume.digest_state(nested(64))) == 1
     with pytest.raises(TypeError, match=r"nested deeper than 64 levels$"):
-        resume.digest_state(deep)
+        resume.digest_state(nested(65))
+    with pytest.raises(TypeError, match=r"nested deeper than 64 levels$"):
+        resume.digest_state(nested(71))
 
 
 def test_the_numpy_stream_is_recorded_when_numpy_is_in_use_and_follows_its_state():

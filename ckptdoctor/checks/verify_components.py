@@ -127,6 +127,46 @@ def trainer_state_invalid(ck, eng):
                   hint="a checkpoint copied or renamed to another step; rename it back or resume elsewhere")
 
 
+MARKER_CONFIG_MAX = 1 << 20   # Megatron's metadata.json is ~120 bytes; a MiB is far past any real one
+
+
+@check("CKD136", "checkpoint")
+def marker_config_invalid(ck, eng):
+    """A marker the framework's load parses as its configuration (the family's `marker_config`):
+    a JSON object with every required field and no field the framework does not know."""
+    lay = ck.layout
+    cfg = lay.extra.get("marker_config") if lay is not None else None
+    if not cfg or cfg["file"] not in ck.files:
+        return
+    import json
+    f, who = cfg["file"], cfg["reader"]
+    try:
+        raw = ck.storage.read(ck.relpath(f), MARKER_CONFIG_MAX + 1)
+    except OSError:
+        return   # CKD901 reports an unreadable file
+    if len(raw) > MARKER_CONFIG_MAX:
+        problem = f"is larger than {MARKER_CONFIG_MAX >> 20} MiB (not read)"
+    else:
+        try:
+            doc = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            doc, problem = None, f"is not valid JSON ({str(exc)[:80]})"
+        else:
+            problem = None
+        if problem is None and not isinstance(doc, dict):
+            problem = f"holds a JSON {type(doc).__name__}, not an object"
+        elif problem is None:
+            unknown = sorted(k for k in doc if k not in cfg["fields"])
+            absent = [k for k in cfg["required"] if k not in doc]
+            if unknown:
+                problem = f"has a field {who} does not know ({', '.join(map(repr, unknown[:4]))})"
+            elif absent:
+                problem = f"lacks {', '.join(absent)}"
+    if problem:
+        yield Hit(ck.path(f), f"{f} {problem}: {who} raises on every rank", details={"file": f},
+                  hint="restore the file from the source copy, or resume from an earlier checkpoint")
+
+
 def _why_required(layout: str, name: str) -> str:
     return {("verl", "data.pt"): "without it verl restarts the dataloader from sample 0 while the step "
                                  "resumes (prompts repeat); rotation deleting actor/ leaves such dirs too",

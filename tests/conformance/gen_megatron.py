@@ -52,6 +52,18 @@ def cases() -> list[dict]:
         {"name": "tracker-names-missing-iteration", "ops": [["write", TRACKER, "3"]], "names": TRACKER},
         {"name": "killed-newer-save", "ops": [["copy_partial", i2, "iter_0000003", "__*.distcp"]], "names": None},
         {"name": "tracker-at-older-complete-iteration", "ops": [["write", TRACKER, "1"]], "names": None},
+        # metadata.json is parsed by every rank's load (core.maybe_load_config: json.load, then
+        # CheckpointingConfig(**doc)): its content, not only its presence, decides the load
+        {"name": "metadata-json-truncated", "ops": [["truncate", f"{i2}/metadata.json"]],
+         "names": f"{i2}/metadata.json"},
+        {"name": "metadata-json-not-an-object", "ops": [["write", f"{i2}/metadata.json", "[]"]],
+         "names": f"{i2}/metadata.json"},
+        {"name": "metadata-json-unknown-field", "ops": [["write", f"{i2}/metadata.json",
+                                                         '{"sharded_backend": "torch_dist", "format": 2}']],
+         "names": f"{i2}/metadata.json"},
+        {"name": "metadata-json-without-common-backend", "ops": [["write", f"{i2}/metadata.json",
+                                                                  '{"sharded_backend": "torch_dist"}']],
+         "names": None},
     ]
 
 
@@ -166,6 +178,9 @@ def main() -> None:
     ap.add_argument("--port", type=int), ap.add_argument("--result"), ap.add_argument("--stage")
     ap.add_argument("--splits", action="store_true", help="label node-local layouts of the committed fixture "
                     "(preflight_splits.json) instead of regenerating it")
+    ap.add_argument("--relabel", action="store_true", help="label every case on the committed fixture (its "
+                    "bytes kept) instead of saving a new one; what was saved at each iteration is what its "
+                    "healthy load returns (the committed `healthy: loads` label)")
     args = ap.parse_args()
     if args.worker:
         args.mode = args.worker
@@ -175,11 +190,14 @@ def main() -> None:
     healthy = os.path.join(args.out, "torch_dist")
     if args.splits:
         return label_splits(args, healthy, megatron.core.__version__, torch.__version__.split("+")[0])
-    shutil.rmtree(healthy, ignore_errors=True)
-    os.makedirs(healthy)
-    res, hung = run_ranks_cmd(__file__, "save", [], healthy, args.timeout)
-    assert not hung and all(r and "saved" in r for r in res), res
-    saved = [r["saved"] for r in res]
+    if args.relabel:
+        saved = _saved_by_healthy_loads(healthy, args.timeout)
+    else:
+        shutil.rmtree(healthy, ignore_errors=True)
+        os.makedirs(healthy)
+        res, hung = run_ranks_cmd(__file__, "save", [], healthy, args.timeout)
+        assert not hung and all(r and "saved" in r for r in res), res
+        saved = [r["saved"] for r in res]
     doc = {"library": "megatron-core", "version": megatron.core.__version__, "torch": torch.__version__.split("+")[0],
            "generator": "tests/conformance/gen_megatron.py", "world_size": WORLD,
            "stages": {"torch_dist": {"root": "torch_dist", "cases": {}}}}
@@ -193,6 +211,19 @@ def main() -> None:
                                                               "outcome": outcome, "detail": detail}
         print(f"torch_dist {case['name']}: {outcome} {detail}", flush=True)
     damage.write_outcomes(args.out, doc)
+
+
+def _saved_by_healthy_loads(healthy: str, timeout: float) -> list[dict]:
+    """Per rank, {iteration: values} as loaded from the undamaged fixture at each iteration."""
+    saved: list[dict] = [{} for _ in range(WORLD)]
+    for it in (1, 2):
+        with tempfile.TemporaryDirectory() as t:
+            root = damage.copy_and_apply(healthy, os.path.join(t, "run"), [["write", TRACKER, str(it)]])
+            res, hung = run_ranks_cmd(__file__, "load", [], root, timeout)
+        assert not hung and all(r and "loaded" in r for r in res), res
+        for r in res:
+            saved[r["rank"]][str(it)] = r["loaded"]
+    return saved
 
 
 def blamed(res, want, detail) -> list[int]:
