@@ -207,9 +207,7 @@ def _dirty_files(d: str, depth: int) -> dict[str, str]:
     if raw is None:
         raise InputError(f"--code {d}: `git status` failed")
     files: dict[str, str] = {}
-    for ent in raw.split(b"\0"):
-        if len(ent) < 4:
-            continue   # only the empty piece after the final NUL (an entry is "XY path")
+    for ent in (e for e in raw.split(b"\0") if len(e) >= 4):   # "XY path" (not the empty piece after the final NUL)
         xy, path = ent[:2].decode("ascii", "replace"), os.fsdecode(ent[3:])
         full = os.path.join(d, path)
         if os.path.isdir(full) and not os.path.islink(full):

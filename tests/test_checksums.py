@@ -139,3 +139,44 @@ def test_slices_in_separate_processes_merge_to_the_full_verdict(ck, tmp_path):
     assert len(hits) == 1 and hits[0]["details"]["range"] == [4096, 8192]
     rc, _, err = cli("merge", reports[0], reports[2])
     assert rc == 2 and "missing" in err
+
+
+def _safetensors(path, n=1000):
+    import struct
+    header = json.dumps({"w": {"dtype": "F32", "shape": [n], "data_offsets": [0, 4 * n]}}).encode()
+    header += b" " * (-len(header) % 8)
+    path.write_bytes(struct.pack("<Q", len(header)) + header + struct.pack(f"<{n}f", *range(n)))
+
+
+def test_checksums_of_one_file_are_checked_against_the_manifest_beside_it(tmp_path):
+    """`verify --checksums DIR/FILE`: the manifest of the directory the file is in is read, and a
+    changed byte of that file is named (the single file's view holds only the file itself)."""
+    d = tmp_path / "export"
+    d.mkdir()
+    _safetensors(d / "model.safetensors")
+    write_manifest(str(d), quiet=True)
+    rc, out, err = cli("verify", "--checksums", "-f", "json", str(d / "model.safetensors"))
+    assert rc == 0 and json.loads(out)["findings"] == [], (err, out)
+    data = bytearray((d / "model.safetensors").read_bytes())
+    data[-5] ^= 0x01
+    (d / "model.safetensors").write_bytes(bytes(data))
+    rc, out, err = cli("verify", "--checksums", "-f", "json", str(d / "model.safetensors"))
+    doc = json.loads(out)
+    assert rc == 1 and [x["rule"] for x in doc["findings"]] == ["CKD151"], (err, doc["findings"])
+    assert doc["findings"][0]["path"].endswith("model.safetensors")
+
+
+def test_checksums_reuse_the_checkpoints_listing(ck, monkeypatch):
+    """On storage where a listing is a round trip, --checksums walks the checkpoint from the
+    listing the other checks made: its directory is listed once."""
+    from ckptdoctor.io import fs
+    write_manifest(str(ck), quiet=True)
+    listed = []
+    real = fs.LocalStorage.listdir
+
+    def listdir(self, rel=""):
+        listed.append(rel)
+        return real(self, rel)
+    monkeypatch.setattr(fs.LocalStorage, "listdir", listdir)
+    assert_no_errors(verify(ck))
+    assert listed.count("") == 1, listed

@@ -481,8 +481,7 @@ def _scan_in_workers(np, work, workers: int, prog) -> tuple[dict[int, RecordScan
                                             short=upto >= 0, upto=max(upto, 0), first=first if first >= 0 else None)
                         left = work[i][2].end - work[i][2].start - counted.get(i, 0)
                         if left > 0:  # a small record sends its result, no progress of its own
-                            counted[i] = counted.get(i, 0) + left
-                            prog(left)
+                            prog(left)  # (counted is read only for records no worker reported)
                     else:
                         counted[i] = counted.get(i, 0) + a
                         prog(a)
