@@ -62,7 +62,8 @@ GROUPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         "__init__", "tool", "verify_components", "verify_dcp", "verify_layout", "verify_markers",
         "verify_safetensors", "verify_trackers")),
         ("tests/test_verify_dcp.py", "tests/test_families.py", "tests/test_catalog.py", "tests/test_megatron.py",
-         "tests/test_bite.py", "tests/test_wild.py", "tests/test_conformance.py", "tests/test_composer.py")),
+         "tests/test_bite.py", "tests/test_wild.py", "tests/test_conformance.py", "tests/test_composer.py",
+         "tests/test_experts.py")),
 }
 EQUIVALENTS = os.path.join(ROOT, "MUTATION.md")
 
