@@ -42,7 +42,7 @@ def build_run_root(d: str, ckpts: int, shards: int) -> int:
     for c in range(ckpts):
         p = f"{d}/iter_{(c + 1) * 100:07d}"
         W.write(p, [W.Item("w", (shards, 1), (r, 0), (1, 1), [1.0], rank=r) for r in range(shards)])
-        open(f"{p}/metadata.json", "w").write("{}")
+        open(f"{p}/metadata.json", "w").write('{"sharded_backend": "torch_dist"}')
     open(f"{d}/latest_checkpointed_iteration.txt", "w").write(str(ckpts * 100))
     return sum(len(fs) for _, _, fs in os.walk(d))
 
@@ -276,7 +276,7 @@ def build_node_views(root: str, nodes: int, per_node: int) -> tuple[str, int]:
     world = nodes * per_node
     src = os.path.join(root, "src", "iter_0000100")
     W.write(src, [W.Item("w", (world, 1), (r, 0), (1, 1), [1.0], rank=r) for r in range(world)])
-    open(f"{src}/metadata.json", "w").write("{}")
+    open(f"{src}/metadata.json", "w").write('{"sharded_backend": "torch_dist"}')
     files = 0
     for i in range(nodes):
         d = os.path.join(root, f"n{i:04d}", "run7", "iter_0000100")

@@ -36,7 +36,7 @@ def runroot(ckpts: int, files: int = 1024) -> tuple:
     for c in range(ckpts):
         W.write(f"{d}/iter_{(c + 1) * 100:07d}",
                 [W.Item("w", (files, 1), (r, 0), (1, 1), [1.0], rank=r) for r in range(files)])
-        open(f"{d}/iter_{(c + 1) * 100:07d}/metadata.json", "w").write("{}")
+        open(f"{d}/iter_{(c + 1) * 100:07d}/metadata.json", "w").write('{"sharded_backend": "torch_dist"}')
     open(f"{d}/latest_checkpointed_iteration.txt", "w").write(str(ckpts * 100))
     build = time.perf_counter() - t
     r = measure([d])

@@ -124,7 +124,7 @@ def _run_root(tmp_path, steps=(100, 200, 300), ranks=4):
     for s in steps:
         p = root / f"iter_{s:07d}"
         W.write(str(p), [W.Item("w", (ranks, 1), (r, 0), (1, 1), [1.0], rank=r) for r in range(ranks)])
-        (p / "metadata.json").write_text("{}")
+        (p / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')   # what Megatron writes
     (root / "latest_checkpointed_iteration.txt").write_text(str(steps[-1]))
     return root
 
