@@ -221,7 +221,7 @@ MUTANTS = [
                                "tests/test_deep.py::test_half_and_fp8_nonfinite_named_as_torch_loads_them"), "verify --deep misses a negative NaN or -Inf in F16/BF16/FP8"),
     M("deep-dead-worker-trusted", "ckptdoctor/checks/deep_scan.py",
       "        rest = [i for i in range(len(work)) if i not in got]",
-      "        rest = [i for i in range(len(work)) if i not in got and not counted]",
+      "        rest = [i for i in range(len(work)) if i not in got and not res.worker_signals]",
       ("tests/test_deep.py::test_a_shard_truncated_under_a_worker_is_reported_not_a_crash",),
       "verify --deep drops the records of a scan worker that died (SIGBUS: a shard truncated under it)"),
     M("deep-short-read-silent", "ckptdoctor/checks/deep_scan.py",
