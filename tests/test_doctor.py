@@ -206,6 +206,20 @@ def test_prune_on_a_single_checkpoint_is_refused_in_one_line(four):
         assert "Traceback" not in err and snapshot(four) == before
 
 
+def test_prune_on_a_directory_of_no_known_layout_is_refused_and_left_as_it_was(tmp_path):
+    """An empty directory, or one of unrelated files, is no run root either: refused in one line
+    before the lock, so not even `.ckptdoctor-lock` appears in it."""
+    empty, other = tmp_path / "empty", tmp_path / "other"
+    empty.mkdir()
+    other.mkdir()
+    (other / "notes.txt").write_text("not a checkpoint\n")
+    for d in (empty, other):
+        before = snapshot(d)
+        rc, out, err = cli("prune", "--keep-last", "1", str(d))
+        assert rc == 2 and "prune works on a run root (a directory of checkpoints)" in err, (d, err)
+        assert "Traceback" not in err and snapshot(d) == before and not (d / ".ckptdoctor-lock").exists()
+
+
 def test_prune_counts_an_empty_abandoned_checkpoint_as_zero_bytes_freed(four):
     """The bytes prune says it frees are the removed checkpoints' sizes exactly: a directory a save
     created and died in before writing anything frees nothing, not one byte (nor minus one)."""

@@ -59,14 +59,15 @@ def run(location: str, engine: Engine, *, keep_last: int | None, keep_every: int
 def _refuse_unless_a_run_root(location: str) -> None:
     """Refused before the lock is taken: taking it writes `.ckptdoctor-lock` into the directory named,
     and a single checkpoint must come out of a refused prune exactly as it went in.  One listing, no
-    judgement (the judgement under the lock checks it again)."""
+    judgement (the judgement under the lock checks it again).  A single checkpoint is refused, and so
+    is a directory of no known layout (empty, or unrelated files): neither is a run root."""
     from ..io.fs import open_location
     from ..layouts.locate import locate
     try:
         found = locate(open_location(location))
     except (OSError, ValueError):
         return   # the judgement under the lock reports what cannot be read, in its own words
-    if found.kind == "checkpoint":
+    if found.kind != "run":
         raise UsageError(f"{location}: prune works on a run root (a directory of checkpoints)")
 
 
