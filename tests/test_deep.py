@@ -176,6 +176,28 @@ def test_nan_and_inf_in_pt_records_are_named_as_torch_sees_them(trainer, fname, 
     assert int(torch.isnan(t).sum()) == nan and int(torch.isinf(t).sum()) == inf  # what torch itself loads
 
 
+def test_nan_is_named_in_the_pickle_torch_loads_when_another_member_ends_in_data_pkl(tmp_path):
+    """--deep learns each record's dtype from the data.pkl torch.load reads (beside the archive's
+    first member), not from the first name ending in `data.pkl`: led by `archive/extra_data.pkl`,
+    the NaN torch loads was a pass."""
+    import io
+    import pickle
+    import zipfile
+    buf = io.BytesIO()
+    torch.save({"w": torch.tensor([1.0, float("nan"), 3.0])}, buf)
+    src = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
+    f = tmp_path / "ck" / "model.pt"
+    f.parent.mkdir()
+    top = src.namelist()[0].split("/")[0]
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as z:
+        z.writestr(f"{top}/extra_data.pkl", pickle.dumps({"decoy": 1}, protocol=2))
+        for n in src.namelist():
+            z.writestr(n, src.read(n))
+    assert int(torch.isnan(torch.load(f)["w"]).sum()) == 1   # torch loads it, NaN and all
+    hit = assert_fires(api.verify(str(f), deep=True), "CKD130", path_contains="model.pt")[0]
+    assert hit.severity == "error" and hit.details["tensor"].startswith("w (") and hit.details["nan"] == 1
+
+
 def test_crc_not_computed_is_not_a_false_alarm(tmp_path, trainer):
     from torch.utils.serialization import config
     old = config.save.compute_crc32

@@ -352,6 +352,32 @@ def test_a_pickle_that_runs_code_is_named(tmp_path):
     assert "CKD127" not in api.verify(str(d / "ok.pt")).rules()
 
 
+@pytest.mark.parametrize("how", ["behind a decoy member named extra_data.pkl", "deflated"])
+def test_a_pickle_that_runs_code_is_named_wherever_torch_load_finds_it(tmp_path, how):
+    """CKD127 judges the data.pkl torch.load unpickles: the one beside the archive's first member,
+    whatever member before it ends in `data.pkl`, and deflated as well as stored (torch inflates it
+    and runs its calls).  torch.load(weights_only=False) is the oracle: it really makes the call."""
+    import pickle
+    import zipfile
+    marker = tmp_path / "ran"
+
+    class Touch:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+    d = tmp_path / "exported"
+    d.mkdir()
+    with zipfile.ZipFile(d / "optimizer.pt", "w") as z:
+        if how.startswith("behind"):
+            z.writestr("archive/extra_data.pkl", pickle.dumps({"state": 1}, protocol=2))
+        z.writestr("archive/data.pkl", pickle.dumps({"state": Touch()}, protocol=2),
+                   compress_type=zipfile.ZIP_DEFLATED if how == "deflated" else zipfile.ZIP_STORED)
+        z.writestr("archive/version", "3\n")
+    hit = assert_fires(api.verify(str(d)), "CKD127", path_contains="optimizer.pt")[0]
+    assert hit.severity == "error" and any(g.endswith(".system") for g in hit.details["globals"])
+    torch.load(d / "optimizer.pt", weights_only=False)
+    assert marker.exists()   # what the finding warned of: loading it ran the call
+
+
 def test_every_code_global_of_a_protocol_4_pickle_is_named_even_when_its_module_comes_from_the_memo(tmp_path):
     """Protocol 4 writes a module name once and fetches it from the memo for the next global of
     that module (MEMOIZE ... BINGET): CKD127 names both calls, not only the first."""

@@ -278,12 +278,13 @@ def _archive_records(name: str, size: int, read, covered: set[str], res: DeepRes
     ms = _members(name, read, 0, size, "archive", None if name in covered else res)
     if ms is None:
         return None
-    pkl = [m for m in ms if m.name.endswith("data.pkl")]
+    want = ptzip.pickle_name([m.name for m in ms])
+    pkl = next((m for m in ms if m.name == want), None)
     infos = {}
-    if pkl and pkl[0].method == STORED and pkl[0].size <= 256 << 20:
+    if pkl is not None and pkl.method == STORED and pkl.size <= 256 << 20:
         from ..io import ptfile
         try:
-            infos = ptfile.storages(read(pkl[0].start, pkl[0].size))
+            infos = ptfile.storages(read(pkl.start, pkl.size))
         except (ptfile.RefusedGlobal, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError,
                 IndexError, KeyError, OverflowError, MemoryError, RecursionError, UnicodeDecodeError):
             infos = {}  # the CRCs are still checked; NaN needs the dtype

@@ -150,13 +150,20 @@ def pickle_runs_code(ck, eng):
             ms = ptzip.members(lambda off, n: ck.storage.read_range(rel, off, n), 0, size)
         except (OSError, AttributeError, ptzip.ZipDirError):
             continue  # CKD117 names a damaged archive; legacy pickles are not zip archives
-        pkl = next((m for m in ms if m.name.endswith("data.pkl") and m.method == 0), None)
-        if pkl is None or pkl.size > 256 << 20:
+        want = ptzip.pickle_name([m.name for m in ms])
+        pkl = next((m for m in ms if m.name == want), None)
+        if pkl is None or pkl.method not in (0, 8) or pkl.compressed > 256 << 20:
             continue
         try:
-            data = ck.storage.read_range(rel, pkl.start, pkl.size)
+            data = ck.storage.read_range(rel, pkl.start, pkl.compressed)
         except OSError:
             continue
+        if pkl.method == 8:  # torch.load inflates a deflated data.pkl and runs its calls too (torch 2.13)
+            import zlib
+            try:  # bounded: at most 256 MiB out, whatever the member claims
+                data = zlib.decompressobj(-15).decompress(data, 256 << 20)
+            except zlib.error:
+                continue  # a member torch cannot inflate either; CKD117 / the loader names it
         bad = pickle_code_globals(data)
         if bad:
             yield Hit(ck.path(name), f"{name}: its pickle calls {', '.join(sorted(set(bad))[:5])}: loading it with "

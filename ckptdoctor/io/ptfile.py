@@ -155,10 +155,11 @@ def read_pt(fh) -> Any:
             infos = zf.infolist()
             if len(infos) > MAX_MEMBERS:
                 raise PtError(f"zip has {len(infos)} members (limit {MAX_MEMBERS})")
-            pkl = [i for i in infos if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"]
-            if not pkl:
-                raise PtError("zip has no data.pkl: not a torch.save archive")
-            info = min(pkl, key=lambda i: i.filename.count("/"))
+            from ..layouts.ptzip import pickle_name
+            want = pickle_name([i.filename for i in infos])
+            if want is None:
+                raise PtError("zip has no data.pkl beside its first member: not a torch.save archive")
+            info = next(i for i in infos if i.filename == want)
             if info.file_size > MAX_PICKLE_BYTES:
                 raise PtError(f"data.pkl is {info.file_size} bytes (limit {MAX_PICKLE_BYTES})")
             # a deflated pickle that claims (or turns out) to inflate far beyond its stored size is a

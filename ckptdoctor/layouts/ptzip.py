@@ -76,6 +76,17 @@ def transformed_problem(transforms: tuple[str, ...], head: bytes, length: int) -
     return None
 
 
+def pickle_name(names) -> str | None:
+    """The member torch.load unpickles: `data.pkl` in the directory of the archive's first member
+    (PyTorchStreamReader names the archive after its first record, torch 2.13); None when there is
+    none.  Not "the first name ending in data.pkl": an archive led by `archive/extra_data.pkl`
+    loads `archive/data.pkl`, and checking the other one let a NaN, or a pickle that runs code, pass."""
+    first = next(iter(names), "")
+    top, slash, _ = first.partition("/")
+    want = f"{top}/data.pkl"
+    return want if slash and want in names else None
+
+
 def archive_problem(fh, max_members: int = 100_000) -> str | None:
     """Open a whole `.pt` as a zip (central directory only): None if it is sound."""
     head = fh.read(4)
@@ -90,8 +101,8 @@ def archive_problem(fh, max_members: int = 100_000) -> str | None:
             names = zf.namelist()
             if len(names) > max_members:
                 return f"zip has {len(names)} members (limit {max_members})"
-            if not any(n.endswith("data.pkl") for n in names):
-                return "zip has no data.pkl: not a torch.save archive"
+            if pickle_name(names) is None:
+                return "zip has no data.pkl beside its first member: not a torch.save archive"
             size = fh.seek(0, 2)
             for info in zf.infolist():
                 if info.header_offset + info.compress_size > size:
