@@ -352,6 +352,34 @@ def test_a_pickle_that_runs_code_is_named(tmp_path):
     assert "CKD127" not in api.verify(str(d / "ok.pt")).rules()
 
 
+def test_an_archive_whose_data_pkl_is_not_beside_its_first_member_is_named_as_torch_refuses_it(tmp_path):
+    """torch.load names the archive after its first member and reads `<that>/data.pkl`: a zip led by
+    another directory is refused by torch and by CKD117; the same members led by their own
+    directory load, and pass."""
+    import io
+    import zipfile
+    buf = io.BytesIO()
+    torch.save({"w": torch.ones(2)}, buf)
+    src = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
+    d = tmp_path / "exported"
+    d.mkdir()
+    for lead, loads in (("notes/readme", False), (None, True)):
+        with zipfile.ZipFile(d / "optimizer.pt", "w") as z:
+            if lead:
+                z.writestr(lead, "not torch's\n")
+            for n in src.namelist():
+                z.writestr(n, src.read(n))
+        try:
+            torch.load(d / "optimizer.pt")
+            torch_ok = True
+        except RuntimeError:
+            torch_ok = False
+        assert torch_ok == loads
+        rules = api.verify(str(d)).rules()
+        assert ("CKD117" in rules) == (not loads), (lead, rules)
+    assert not [f for f in api.verify(str(d)).findings if f.severity != "info"]  # the sound one: no false alarm
+
+
 @pytest.mark.parametrize("how", ["behind a decoy member named extra_data.pkl", "deflated"])
 def test_a_pickle_that_runs_code_is_named_wherever_torch_load_finds_it(tmp_path, how):
     """CKD127 judges the data.pkl torch.load unpickles: the one beside the archive's first member,
