@@ -406,6 +406,35 @@ def test_a_pickle_that_runs_code_is_named_wherever_torch_load_finds_it(tmp_path,
     assert marker.exists()   # what the finding warned of: loading it ran the call
 
 
+@pytest.mark.parametrize("how", ["deflated 4,000x", "stored, past the limit"])
+def test_a_pickle_too_large_to_scan_is_not_cleared_and_is_not_read_whole(tmp_path, monkeypatch, how):
+    """A data.pkl CKD127 will not read whole (a deflated one past 100x: torch.save never compresses
+    it; any past MAX_PICKLE_BYTES) is a warning naming it, not a silent pass: a call hidden past
+    the limit would run on load.  A deflated, ordinary one is scanned and clean: no finding."""
+    import pickle
+    import zipfile
+    from ckptdoctor.io import ptfile
+
+    class Touch:
+        def __reduce__(self):
+            return (os.system, ("true",))
+    d = tmp_path / "exported"
+    d.mkdir()
+    body = pickle.dumps([b"\0" * (4 << 20), Touch()], protocol=2)   # the call after 4 MiB of zeros
+    if how.startswith("stored"):
+        monkeypatch.setattr(ptfile, "MAX_PICKLE_BYTES", 1 << 20)
+    with zipfile.ZipFile(d / "optimizer.pt", "w") as z:
+        z.writestr("archive/data.pkl", body,
+                   compress_type=zipfile.ZIP_DEFLATED if how.startswith("deflated") else zipfile.ZIP_STORED)
+        z.writestr("archive/version", "3\n")
+    hit = assert_fires(api.verify(str(d)), "CKD127", path_contains="optimizer.pt", severity="warning")[0]
+    assert "not scanned" in hit.message and hit.details["limit_bytes"] == 1 << 20
+    with zipfile.ZipFile(d / "optimizer.pt", "w") as z:
+        z.writestr("archive/data.pkl", pickle.dumps({"step": 3}, protocol=2), compress_type=zipfile.ZIP_DEFLATED)
+        z.writestr("archive/version", "3\n")
+    assert "CKD127" not in api.verify(str(d)).rules()
+
+
 def test_every_code_global_of_a_protocol_4_pickle_is_named_even_when_its_module_comes_from_the_memo(tmp_path):
     """Protocol 4 writes a module name once and fetches it from the memo for the next global of
     that module (MEMOIZE ... BINGET): CKD127 names both calls, not only the first."""

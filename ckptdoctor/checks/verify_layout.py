@@ -152,18 +152,33 @@ def pickle_runs_code(ck, eng):
             continue  # CKD117 names a damaged archive; legacy pickles are not zip archives
         want = ptzip.pickle_name([m.name for m in ms])
         pkl = next((m for m in ms if m.name == want), None)
-        if pkl is None or pkl.method not in (0, 8) or pkl.compressed > 256 << 20:
+        if pkl is None or pkl.method not in (0, 8):
             continue
-        try:
-            data = ck.storage.read_range(rel, pkl.start, pkl.compressed)
-        except OSError:
-            continue
-        if pkl.method == 8:  # torch.load inflates a deflated data.pkl and runs its calls too (torch 2.13)
+        from ..io.ptfile import MAX_INFLATE_RATIO, MAX_PICKLE_BYTES
+        # bounded as the run-state reader bounds it: torch.save stores data.pkl uncompressed, so a
+        # deflated one past 100x (or any past 256 MiB) is not inflated; a pickle not read is not cleared
+        cap = MAX_PICKLE_BYTES if pkl.method == 0 else min(MAX_PICKLE_BYTES, max(MAX_INFLATE_RATIO * pkl.compressed,
+                                                                                  1 << 20))
+        data = None
+        if pkl.compressed <= cap:
+            try:
+                data = ck.storage.read_range(rel, pkl.start, pkl.compressed)
+            except OSError:
+                continue   # CKD901 / CKD117 name an unreadable archive
+        if data is not None and pkl.method == 8:  # torch.load inflates a deflated data.pkl and runs its calls too (torch 2.13)
             import zlib
-            try:  # bounded: at most 256 MiB out, whatever the member claims
-                data = zlib.decompressobj(-15).decompress(data, 256 << 20)
+            try:
+                data = zlib.decompressobj(-15).decompress(data, cap + 1)
             except zlib.error:
                 continue  # a member torch cannot inflate either; CKD117 / the loader names it
+        if data is None or len(data) > cap:
+            yield Hit(ck.path(name), f"{name}: its pickle ({pkl.name}) is larger than {cap >> 20} MiB "
+                                     f"{'inflated ' if pkl.method == 8 else ''}and was not scanned: nothing "
+                                     f"clears it of calls that run code", severity="warning",
+                      details={"file": name, "member": pkl.name, "limit_bytes": cap},
+                      hint="torch.save writes a data.pkl of KBs to MBs; check where this file came from before "
+                           "loading it with torch.load(weights_only=False)")
+            continue
         bad = pickle_code_globals(data)
         if bad:
             yield Hit(ck.path(name), f"{name}: its pickle calls {', '.join(sorted(set(bad))[:5])}: loading it with "
