@@ -291,6 +291,13 @@ def test_trainer_deeper_checks(tmp_path):
     (run / "checkpoint-1000" / "trainer_state.json").write_text(json.dumps({"global_step": 900}))
     hit = assert_fires(api.verify(str(run)), "CKD126", path_contains="checkpoint-1000")[0]
     assert hit.details == {"file": "trainer_state.json", "global_step": 900, "directory_step": 1000}
+    # no integer step at all: named as that, not as a step mismatch (Trainer takes a missing one as 0,
+    # does arithmetic on a string, and reads `true` as step 1)
+    for bad in ({}, {"global_step": "1000"}, {"global_step": True}, {"global_step": 1000.0}):
+        (run / "checkpoint-1000" / "trainer_state.json").write_text(json.dumps(bad))
+        hit = assert_fires(api.verify(str(run)), "CKD126", path_contains="checkpoint-1000")[0]
+        assert hit.message == "trainer_state.json has no integer global_step", (bad, hit.message)
+        assert hit.details == {"file": "trainer_state.json", "global_step": bad.get("global_step")}
     os.remove(run / "checkpoint-500" / "rng_state_1.pth")
     hit = assert_fires(api.verify(str(run)), "CKD123", path_contains="checkpoint-500", severity="warning")[0]
     assert hit.details["missing_files"] == ["rng_state_1.pth"]
