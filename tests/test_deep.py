@@ -437,8 +437,20 @@ if mode == "slow":  # each window of a worker takes a while; the worker says who
     except KeyboardInterrupt:
         print(json.dumps({"interrupted": True}))
         raise SystemExit(130)
-rep = api.verify(path, deep=True)
-print(json.dumps({"seen": seen, "findings": [[f.rule, f.path, f.message] for f in rep.findings]}))
+progress = []
+class Sink:   # what a progress bar is told: the bytes scanned, against the total it was promised
+    def __init__(self, total, label):
+        progress.append([total, 0])
+    def __call__(self, n):
+        progress[-1][1] += n
+    def close(self):
+        pass
+from ckptdoctor.commands import verify as flow
+eng = api.make_engine("verify", path, progress=Sink, deep=True)
+flow.run(path, eng)
+rep = eng.report
+print(json.dumps({"seen": seen, "progress": progress[-1] if progress else None,
+                  "findings": [[f.rule, f.path, f.message] for f in rep.findings]}))
 """
 
 
@@ -562,3 +574,27 @@ def test_a_deep_scan_hands_its_pool_batches_of_records_not_one_task_per_record()
     big = [(None, None, NS(start=i * 3 * mib, end=(i + 1) * 3 * mib)) for i in range(5)]
     batches, _ = ds._batched(Inline(), len, list(range(5)), big)
     assert [len(b) for b in batches] == [2, 2, 1]   # 6 MiB reaches the 4 MiB mark: the task closes
+
+
+def test_forked_workers_map_a_large_record_that_starts_past_1_mib_window_by_window(tmp_path):
+    """A record larger than a window is scanned by a forked worker through mmap, whose mappings start
+    on a page boundary below the record: each window must be read at its own place in the file.  A
+    tensor starting just past 1 MiB into the file, with a NaN in its second and third windows: the
+    workers name the same NaNs at the same elements as the threads (and as the real loader), and
+    their progress counts every byte of it once."""
+    from safetensors.torch import load_file, save_file
+    d = tmp_path / "ck"
+    d.mkdir()
+    a = torch.zeros((1 << 18) + 5)                     # 1 MiB and 20 bytes: "b" starts past 1 MiB
+    b = torch.zeros(3 << 18)                           # 3 MiB: three windows
+    b[(1 << 18) + 7] = float("nan")                    # in its second window
+    b[(2 << 18) + 11] = float("nan")                   # in its third
+    save_file({"a": a, "b": b}, str(d / "model.safetensors"))
+    got = load_file(str(d / "model.safetensors"))["b"]
+    assert int(torch.isnan(got).sum()) == 2            # what the real loader hands the model
+    forked, threads = _in_fresh_process(d, "workers"), _in_fresh_process(d, "threads")
+    assert forked["seen"]["forked"] == 1 and threads["seen"]["forked"] == 0
+    assert forked["findings"] == threads["findings"]
+    (hit,) = [m for r, _, m in forked["findings"] if r == "CKD130"]
+    assert "holds 2 NaN" in hit and hit.endswith(f"the first at b[{(1 << 18) + 7}]"), hit
+    assert forked["progress"] == threads["progress"] and forked["progress"][1] == a.nbytes + b.nbytes

@@ -281,8 +281,8 @@ def _archive_records(name: str, size: int, read, covered: set[str], res: DeepRes
     want = ptzip.pickle_name([m.name for m in ms])
     pkl = next((m for m in ms if m.name == want), None)
     infos = {}
-    if pkl is not None and pkl.method == STORED and pkl.size <= 256 << 20:
-        from ..io import ptfile
+    from ..io import ptfile
+    if pkl is not None and pkl.method == STORED and pkl.size <= ptfile.MAX_PICKLE_BYTES:  # read whole: bounded
         try:
             infos = ptfile.storages(read(pkl.start, pkl.size))
         except (ptfile.RefusedGlobal, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError,
