@@ -91,6 +91,18 @@ def test_peft_without_its_config_is_not_a_plain_safetensors_pass(wild):
     assert_fires(rep, "CKD123", path_contains="adapter_config.json")
 
 
+@pytest.mark.parametrize("name", ["peft-ia3-adapter", "peft-loha-adapter"])
+def test_peft_adapters_of_other_types_are_not_judged_as_lora(wild, name):
+    """IA3 and LoHa adapters saved by peft 0.21.2 (make_wild.py; PeftModel.from_pretrained loads
+    each) hold no lora_A/lora_B tensors and no rank to compare: no finding.  Their presence is still
+    checked: without its config the adapter is named."""
+    d = wild(name)
+    rep = api.verify(str(d))
+    assert rep.facts["layout"] == "peft-adapter" and not rep.findings, [(f.rule, f.message) for f in rep.findings]
+    os.remove(d / "adapter_config.json")
+    assert_fires(api.verify(str(d)), "CKD123", path_contains="adapter_config.json")
+
+
 def test_peft_rank_and_target_modules_must_match_the_config(wild):
     d = wild("peft-adapter")
     cfg = json.loads((d / "adapter_config.json").read_text())
