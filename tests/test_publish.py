@@ -668,3 +668,19 @@ class _NoProgress:
 
     def close(self):
         pass
+
+
+def test_retention_without_a_policy_removes_nothing_and_keep_within_alone_is_a_policy():
+    """The retention plan that publish and prune share fails safe: given no policy at all it removes
+    nothing and says why; `--keep-within` alone is a policy: older checkpoints go, younger and those
+    of unknown age stay."""
+    from ckptdoctor.publishing import naming, retention
+    entries = [f"iter_{s:07d}" for s in (100, 200, 300, 400)]
+    layout = naming.choose_layout("auto", entries[0], set(entries))
+    p = retention.plan(entries, layout, keep_last=None, keep_every=None, protect={})
+    assert p.removed == [] and set(p.kept.values()) == {"no retention policy given"}
+    ages = {"iter_0000100": 9000.0, "iter_0000200": 7200.0, "iter_0000300": 60.0, "iter_0000400": None}
+    p = retention.plan(entries, layout, keep_last=None, keep_every=None, protect={}, keep_within=3600.0, ages=ages)
+    assert sorted(p.removed) == ["iter_0000100", "iter_0000200"]
+    assert p.kept == {"iter_0000400": "its age is unknown (kept under --keep-within)",
+                      "iter_0000300": "written within the last 1h"}
