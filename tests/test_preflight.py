@@ -100,6 +100,37 @@ def test_swapped_node_strands_shards_and_names_fallback(four):
     assert fall[0]["details"] == {"resume_from": "iter_0000200", "newest_reachable": "iter_0000100"}
 
 
+def test_a_node_missing_several_shards_is_reported_at_the_first_file_it_lists(four):
+    """One finding per node: its path is the first of the files it lists, the one its message gives
+    as the example, so a reader (or a script taking `path`) opens a file that is really missing."""
+    src, root = four
+    loc = spread(src, root, ["n1", "n2"], 2)
+    for r in (2, 3):
+        (root / "n2" / "run7" / "iter_0000100" / f"__{r}_0.distcp").unlink()
+    rc, rep, err = pre(loc, "--nodelist", "n[1-2]", "--ranks-per-node", "2")
+    (hit,) = assert_fires_json(rep, "CKD401", severity="error")
+    files = hit["details"]["files"]
+    assert rc == 1 and files == ["__2_0.distcp", "__3_0.distcp"], hit
+    assert hit["path"].endswith("n2/run7/iter_0000100/" + files[0]) and f"(e.g. {files[0]})" in hit["message"], hit
+
+
+def test_a_metadata_past_the_size_bound_is_refused_by_preflight_as_by_verify(four):
+    """Every read is bounded, and preflight bounds `.metadata` exactly as verify does: a (sparse)
+    file one byte past the bound is an error naming the file and the limit, read by neither."""
+    from ckptdoctor.layouts.model import MAX_METADATA_BYTES
+    src, root = four
+    loc = spread(src, root, ["n1", "n2"], 2)
+    for node in ("n1", "n2"):
+        with open(root / node / "run7" / "iter_0000100" / ".metadata", "r+b") as fh:
+            fh.truncate(MAX_METADATA_BYTES + 1)
+    rc, rep, err = pre(loc, "--nodelist", "n[1-2]", "--ranks-per-node", "2")
+    hits = assert_fires_json(rep, "CKD403", path_contains="run7/iter_0000100/.metadata", severity="error")
+    assert rc == 1 and {h["details"]["node"] for h in hits} == {"n1", "n2"}, hits
+    assert all(f"{MAX_METADATA_BYTES}-byte limit" in h["message"] for h in hits), hits
+    rc, out, err = cli("verify", str(root / "n2" / "run7" / "iter_0000100"), "-f", "json")
+    assert rc == 1 and f"{MAX_METADATA_BYTES}-byte limit" in out and "Traceback" not in err, (out, err)
+
+
 def test_ranks_moved_to_another_node_hint(four):
     src, root = four
     loc = spread(src, root, ["n1", "n2"], 2)

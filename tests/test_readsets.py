@@ -280,3 +280,14 @@ def test_evidence_rules_for_keys_saved_once():
     assert rs.model == "evidence"  # a record of a 3-rank save does not describe this 2-rank one
     with pytest.raises(R.ReadPlanError):
         R.parse_read_plan({"schema": R.READ_PLAN_SCHEMA, "world": 2, "keys": {"a": [2]}}, "t")
+
+
+@pytest.mark.parametrize("ranks", [[2], [5], [0, 7], [-1], [True], [], "some", [1.0]])
+def test_a_read_plan_naming_a_rank_outside_its_world_is_refused(ranks):
+    """A recorded read plan is trusted to say which ranks read a key: one naming a rank the save did
+    not have (or no rank, or not a rank) is refused with the key named, never used to clear a node."""
+    from ckptdoctor.preflight import readsets as R
+    with pytest.raises(R.ReadPlanError, match="key 'a'"):
+        R.parse_read_plan({"schema": R.READ_PLAN_SCHEMA, "world": 2, "keys": {"a": ranks}}, "t")
+    assert R.parse_read_plan({"schema": R.READ_PLAN_SCHEMA, "world": 2, "keys": {"a": [0, 1]}}, "t").holders == \
+        {"a": frozenset({0, 1})}

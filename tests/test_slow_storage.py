@@ -250,7 +250,7 @@ def _preflight(location, nodes, per_node=2):
     from ckptdoctor.commands import preflight as flow
     from ckptdoctor.preflight.model import Allocation
     eng = api.make_engine("preflight", location)
-    flow.run(location, eng, Allocation.block(nodes, [per_node]))
+    flow.run(location, eng, Allocation.block(nodes, [per_node] * len(nodes)))
     return eng.report
 
 

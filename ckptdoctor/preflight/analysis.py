@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 from ..layouts import dcp as dcp_reader
 from . import readsets
+from ..layouts.model import MAX_METADATA_BYTES
 from ..layouts.spec import Layout
 from .model import Allocation, Ckpt, NodeView
 
@@ -131,7 +132,7 @@ class Preflight:
             v = self.views[node]
             rel = self._rel(name, file)
             try:
-                got, size, src = dcp_reader.parse(v.storage.read(rel, 2 << 30)), ck.files[file], node
+                got, size, src = dcp_reader.parse(v.storage.read(rel, MAX_METADATA_BYTES)), ck.files[file], node
             except Exception as exc:  # noqa: BLE001 - any failure to read or parse is this node's problem
                 if out is not None:
                     why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__

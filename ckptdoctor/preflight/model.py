@@ -47,8 +47,6 @@ class Allocation:
 
     @classmethod
     def block(cls, nodes: list[str], per_node: list[int], source: str = "") -> "Allocation":
-        if len(per_node) == 1:
-            per_node = per_node * len(nodes)
         if len(per_node) != len(nodes):
             raise UsageError(f"ranks per node lists {len(per_node)} value(s) for {len(nodes)} node(s)")
         if len(set(nodes)) != len(nodes):
