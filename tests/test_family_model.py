@@ -306,3 +306,24 @@ def test_facts_are_typed_per_command(tmp_path):
     assert set(doc) == {"kind", "layout", "checkpoints", "newest_complete", "resume_from", "target", "checked"}  # no unset keys
     pf = PreflightFacts()
     assert "nodes" not in pf and pf.get("nodes", 7) == 7 and pf.to_json() == {}
+
+
+def test_a_checkpoints_files_by_pattern_follow_its_listing(tmp_path):
+    """What the rules see of a checkpoint by pattern (remembered per listing, issue 42) is exactly
+    what its listing holds: sorted by name, literal names and globs alike, and a view given a new
+    listing (a re-list after a fix) answers from the new one."""
+    from ckptdoctor.io.fs import open_location
+    from ckptdoctor.layouts.model import CheckpointView
+    d = dcp_dir(tmp_path / "ck", world=3, extra={"metadata.json": b"{}"})
+    ck = CheckpointView(open_location(str(d)), "", None)
+    names = lambda pats: [e.name for e in ck.matching(pats)]  # noqa: E731
+    assert names(("*.distcp",)) == ["__0_0.distcp", "__1_0.distcp", "__2_0.distcp"]
+    assert names(("metadata.json", ".metadata", "absent")) == [".metadata", "metadata.json"]
+    assert names((".metadata", "__1_*")) == [".metadata", "__1_0.distcp"]
+    ck.matching(("*.distcp",)).clear()  # a caller's list is its own
+    assert len(ck.matching(("*.distcp",))) == 3
+    (d / "__3_0.distcp").write_bytes(b"x")
+    (d / ".metadata").unlink()
+    assert len(ck.matching(("*.distcp",))) == 3  # the same listing, the same answer
+    ck.__dict__.pop("entries")
+    assert names(("*.distcp",))[-1] == "__3_0.distcp" and names((".metadata",)) == []

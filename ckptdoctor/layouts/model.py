@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 from ..io.fs import Entry, Storage, open_regular
 from ..io.unpickle import RefusedGlobal
 from . import dcp, trackers
-from .spec import Layout, match_any
+from .spec import Layout, is_literal, match_any
 
 MAX_METADATA_BYTES = 4 << 30
 
@@ -89,7 +89,22 @@ class CheckpointView:
         return {n: e for n, e in self.entries.items() if e.is_dir}
 
     def matching(self, patterns: tuple[str, ...]) -> list[Entry]:
-        return [e for n, e in sorted(self.entries.items()) if match_any(n, patterns)]
+        """The entries whose names match any of `patterns`, sorted by name.  Remembered per listing:
+        the rules ask one checkpoint the same few pattern groups ~9 times each, and scanning 4,096
+        names every time was a third of the relaunch gate's CPU (0.45 of 1.3 s on 3 x 4,096 shards,
+        which at 2 ms per metadata call kept it above 2x the parallel find; issue 42)."""
+        ents = self.entries
+        memo = self.__dict__.get("_matching")
+        if memo is None or memo[0] is not ents:  # a view given a new listing forgets the old answers
+            memo = self.__dict__["_matching"] = (ents, {})
+        got = memo[1].get(patterns)
+        if got is None:
+            if all(is_literal(p) for p in patterns):  # `.metadata`, `metadata.json`: looked up, not scanned
+                got = [ents[n] for n in sorted(set(patterns)) if n in ents]
+            else:
+                got = [e for n, e in sorted(ents.items()) if match_any(n, patterns)]
+            memo[1][patterns] = got
+        return list(got)
 
     @property
     def total_bytes(self) -> int:

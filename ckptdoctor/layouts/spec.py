@@ -258,6 +258,11 @@ def match_any(name: str, patterns: tuple[str, ...]) -> bool:
 _MAGIC = frozenset("*?[")
 
 
+def is_literal(pattern: str) -> bool:
+    """A pattern that matches only the name it spells (fnmatch's magic characters absent)."""
+    return not _MAGIC & set(pattern)
+
+
 @functools.lru_cache(maxsize=4096)
 def _matcher(pattern: str):
     """fnmatchcase(name, pattern) as a function, without compiling a regular expression for the
