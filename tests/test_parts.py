@@ -607,3 +607,22 @@ def test_a_killed_committer_that_is_not_yet_reaped_counts_as_gone():
         assert not naming.pid_alive(p.pid, start) and not naming.pid_alive(p.pid)   # a zombie, not reaped yet
     finally:
         p.wait()
+
+
+def test_a_staging_touched_by_a_clock_ahead_of_ours_is_zero_seconds_old_never_negative(tmp_path):
+    """A part's heartbeat written by a node whose clock runs ahead (or an NFS server's mtime) is
+    "just now": age 0, never negative, so no threshold and no `age_seconds` sees a time before now;
+    the age is that of the newest sign of life (heartbeat or record)."""
+    from ckptdoctor.publishing.parts import staging_age
+    st = tmp_path / "staging"
+    for sub in ("alive", "parts"):
+        (st / sub).mkdir(parents=True)
+    (st / "alive" / "0").write_text("x")
+    (st / "parts" / "0.json").write_text("{}")
+    now = time.time()
+    for p in (st / "alive" / "0", st / "parts" / "0.json", st / "alive", st / "parts"):
+        os.utime(p, (now - 600, now - 600))
+    assert 599 <= staging_age(str(st)) <= 700
+    os.utime(st / "parts" / "0.json", (now + 0.6, now + 0.6))
+    assert staging_age(str(st)) == 0.0
+    assert staging_age(str(tmp_path / "absent")) is None

@@ -615,7 +615,7 @@ def test_a_source_file_replaced_after_it_was_copied_aborts_the_publish(tmp_path)
     the hold hook after the first (largest) file is copied, not timed."""
     src = megatron_iter(tmp_path / "src" / "iter_0000100", 100)
     big = max((os.path.join(src, n) for n in os.listdir(src)), key=os.path.getsize)
-    gate = tmp_path / "go"
+    gate = tmp_path / "go:now"  # the hook's FILE may hold a colon (PHASE:FILE splits at the first)
     env = {"CKPTDOCTOR_TEST_HOLD_AT": f"copy:{gate}", "CKPTDOCTOR_TEST_PHASE_LOG": str(tmp_path / "phases")}
     p = subprocess.Popen([sys.executable, "-m", "ckptdoctor", "publish", "--quiet", "--workers", "1", src,
                           str(tmp_path / "dest")], env={**os.environ, **env}, stdout=subprocess.PIPE,

@@ -677,3 +677,19 @@ def test_more_prompts_consumed_than_steps_times_batch_is_named_with_both_numbers
     rep = rec(write_state(tmp_path, state(trainer__consumed_prompts=40)))
     (hit,) = assert_fires(rep, "CKD309")
     assert hit.message == "consumed_prompts 40 exceeds num_prompts_per_step x step = 28"
+
+
+def test_persisted_in_flight_groups_fill_their_step_in_the_simulated_repair(tmp_path):
+    """Groups saved in flight (rollout recovery) are regenerated on resume and fill their target
+    step: with step 8's four groups in flight and the dataloader one batch ahead, aligning the cursor
+    to 8 loses nothing, and the repair is offered; an in-flight group with no target step counts for
+    no step.  Left out of the simulation, step 8 would look empty and the repair be refused."""
+    doc = state(c=7, a=9, targets=(7,) * 4)
+    doc["inflight"] = {"persisted": True, "groups": [
+        *({"target_step": 8, "status": "inflight", "size": 8, "start_version": 7} for _ in range(4)),
+        {"status": "inflight", "size": 8}]}
+    rep = rec(write_state(tmp_path, doc))
+    assert rep.facts["repair"] == {"available": True, "new_cursor": 8,
+                                   "reason": "align the cursor to the dataloader: 7 -> 8"}
+    (hit,) = assert_fires(rep, "CKD303", severity="error")
+    assert "lost on resume p36-p39" in hit.message and hit.details["repair"] == 8, hit.message

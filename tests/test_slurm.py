@@ -3,6 +3,7 @@ and the always-exit-0 Prolog wrapper stop a job whose node-local shards are stra
 drain no node.  Skipped (loudly) only when slurm-wlm cannot be run here; .ci/run installs it."""
 import os
 import shutil
+import tempfile
 import sys
 import time
 import warnings
@@ -209,7 +210,8 @@ def test_the_prolog_reads_as_the_jobs_user_not_as_root(lab, nodes_root, tmp_path
     secret = tmp_path / "secret"
     shutil.copytree(nodes_root, secret / "nodes")
     for d in {*Path(lab.root).parents, Path(lab.root), *tmp_path.parents, tmp_path}:
-        if str(d).startswith("/tmp/") or d == Path(lab.root):  # pytest's 0700 base: let the job's user pass
+        if str(d).startswith(tempfile.gettempdir() + "/") or d == Path(lab.root):  # pytest's 0700 base ($TMPDIR
+            # or /tmp): let the job's user pass
             os.chmod(d, os.stat(d).st_mode | 0o011)
     os.chmod(secret, 0o700)
     pub = tmp_path / "pub"

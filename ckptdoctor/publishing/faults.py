@@ -27,7 +27,8 @@ _ENOSPC_AFTER = os.environ.get("CKPTDOCTOR_TEST_ENOSPC_AFTER")
 _KILL_AFTER = os.environ.get("CKPTDOCTOR_TEST_KILL_AFTER")
 _PHASE_LOG = os.environ.get("CKPTDOCTOR_TEST_PHASE_LOG")
 _PAUSE_AT = os.environ.get("CKPTDOCTOR_TEST_PAUSE_AT")
-_HOLD_AT = os.environ.get("CKPTDOCTOR_TEST_HOLD_AT")
+# PHASE:FILE, split at the first colon: the file's path may hold colons of its own
+_HOLD_PHASE, _, _HOLD_FILE = (os.environ.get("CKPTDOCTOR_TEST_HOLD_AT") or "").partition(":")
 _written = 0
 _lock = threading.Lock()
 
@@ -45,10 +46,10 @@ def point(phase: str) -> None:
     if _PAUSE_AT and _PAUSE_AT.split(":")[0] == phase:
         import time
         time.sleep(float(_PAUSE_AT.split(":")[1]))
-    if _HOLD_AT and _HOLD_AT.split(":", 1)[0] == phase:
+    if _HOLD_FILE and _HOLD_PHASE == phase:
         import time
         end = time.monotonic() + 300
-        while not os.path.exists(_HOLD_AT.split(":", 1)[1]) and time.monotonic() < end:
+        while not os.path.exists(_HOLD_FILE) and time.monotonic() < end:
             time.sleep(0.02)
 
 
