@@ -324,6 +324,7 @@ def test_a_checkpoints_files_by_pattern_follow_its_listing(tmp_path):
     assert len(ck.matching(("*.distcp",))) == 3
     (d / "__3_0.distcp").write_bytes(b"x")
     (d / ".metadata").unlink()
-    assert len(ck.matching(("*.distcp",))) == 3  # the same listing, the same answer
+    assert len(ck.matching(("*.distcp",))) == 3 and ".metadata" in ck.files  # the same listing, the same answer
     ck.__dict__.pop("entries")
     assert names(("*.distcp",))[-1] == "__3_0.distcp" and names((".metadata",)) == []
+    assert "__3_0.distcp" in ck.files and ".metadata" not in ck.files
