@@ -414,8 +414,23 @@ def spy(*a):
     seen["signals"] += got[2]
     return got
 ds._scan_in_workers = spy
-if mode != "natural":   # natural: the shipped threshold decides
+if mode != "natural":   # natural: the shipped threshold decides (every other mode forks, but "threads")
     ds.FORK_MIN = 0 if mode != "threads" else 1 << 62
+if mode == "empty":  # the shard is emptied after it was listed and sized, before a worker reads it
+    def empty_then_scan(*a):
+        os.truncate(sys.argv[3], 0)
+        return spy(*a)
+    ds._scan_in_workers = empty_then_scan
+if mode == "maps":  # every mapping a worker makes, as (offset, length), with a 1 MiB bound per mapping
+    import mmap
+    ds.MAP_CHUNK = 1 << 20
+    real_mmap = mmap.mmap
+    def logged_mmap(fd, length, *a, offset=0, **k):
+        if fd >= 0:  # a file's pages, not an anonymous buffer
+            with open(sys.argv[3], "a") as fh:
+                fh.write(f"{offset} {length}\n")
+        return real_mmap(fd, length, *a, offset=offset, **k)
+    mmap.mmap = logged_mmap
 if mode == "truncate":  # the shard shrinks to 128 KiB under a worker's mapping, after its first window
     window = ds._window
     def window_then_cut(np, chunk, *a):
@@ -598,3 +613,62 @@ def test_forked_workers_map_a_large_record_that_starts_past_1_mib_window_by_wind
     (hit,) = [m for r, _, m in forked["findings"] if r == "CKD130"]
     assert "holds 2 NaN" in hit and hit.endswith(f"the first at b[{(1 << 18) + 7}]"), hit
     assert forked["progress"] == threads["progress"] and forked["progress"][1] == a.nbytes + b.nbytes
+
+
+def test_a_forked_workers_mappings_start_on_the_page_below_each_window_and_stay_bounded(tmp_path):
+    """A worker maps a large record MAP_CHUNK bytes at a time (its mapped pages stay bounded): the
+    first mapping starts on the allocation boundary just below the record, each next one where the
+    last ended, none longer than MAP_CHUNK, and nothing before the record is counted: a NaN in the
+    last element of the tensor just before it belongs to that tensor alone."""
+    import mmap
+    from safetensors.torch import save_file
+    d = tmp_path / "ck"
+    d.mkdir()
+    a, b = torch.zeros((1 << 18) + 5), torch.zeros(3 << 18)
+    a[-1] = float("nan")
+    b[5] = float("nan")
+    save_file({"a": a, "b": b}, str(d / "model.safetensors"))
+    with open(d / "model.safetensors", "rb") as fh:
+        n = struct.unpack("<Q", fh.read(8))[0]
+        spans = [tuple(8 + n + o for o in t["data_offsets"]) for k, t in sorted(json.loads(fh.read(n)).items())
+                 if k != "__metadata__"]
+    g, want = mmap.ALLOCATIONGRANULARITY, set()
+    for start, end in spans:
+        pos = start
+        while pos < end:
+            base = pos - pos % g
+            stop = min(end, base + (1 << 20))
+            want.add((base, stop - base))
+            pos = stop
+    log = tmp_path / "maps"
+    got = _in_fresh_process(d, "maps", log)
+    assert got["seen"]["forked"] == 1
+    assert {tuple(map(int, line.split())) for line in log.read_text().split("\n") if line} == want
+    nan = sorted(m for r, _, m in got["findings"] if r == "CKD130")
+    assert len(nan) == 2 and "holds 1 NaN" in nan[0] and nan[0].endswith(f"the first at a[{(1 << 18) + 4}]"), nan
+    assert "holds 1 NaN" in nan[1] and nan[1].endswith("the first at b[5]"), nan
+
+
+def test_a_shard_emptied_before_a_worker_reads_it_is_named_where_it_ended_not_a_checksum_mismatch(tmp_path):
+    """A shard truncated to nothing after it was listed (a copy restarted over it) is named by the
+    forked workers as ended at its first record's first byte (64: the payload after the zip member's
+    local header), the one finding: its CRC is not compared with nothing."""
+    import torch.distributed.checkpoint as dcp
+    ck = tmp_path / "step"
+    dcp.save({"w": torch.ones(256, 1024)}, checkpoint_id=str(ck), no_dist=True)  # one 1 MiB record at 0
+    shard = next(ck.glob("*.distcp"))
+    got = _in_fresh_process(ck, "empty", shard)
+    assert got["seen"]["forked"] == 1 and [r for r, _p, _m in got["findings"]] == ["CKD901"], got["findings"]
+    assert f"{shard.name} ended at byte 64 while it was scanned" in got["findings"][0][2], got["findings"]
+
+
+def test_deep_slices_take_whole_files_largest_first_so_no_slice_runs_long():
+    """`--deep --slice K/N` deals whole files, the largest first, each to the least-loaded slice (ties
+    to the lower slice): every file in exactly one slice, the same deal on every node, and the
+    slowest slice no longer than it must be (6,5,4,3,2 over 2 slices: 11 and 9, not 12 and 8)."""
+    from ckptdoctor.checks.deep_scan import _partition
+    files = {"e": 2, "c": 4, "a": 6, "d": 3, "b": 5}
+    deal = [_partition(files, k, 2) for k in range(2)]
+    assert sorted(n for s in deal for n in s) == sorted(files)
+    assert [sorted(s) for s in deal] == [["a", "d", "e"], ["b", "c"]]
+    assert [sum(files[n] for n in s) for s in deal] == [11, 9]

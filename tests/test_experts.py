@@ -75,3 +75,29 @@ def test_a_group_that_lost_one_expert_is_an_error(tmp_path, saved):
     else:
         hit = assert_fires(rep, "CKD109", severity="error")[0]
         assert "3 of 4 experts" in hit.message and "[3]" in hit.message
+
+
+@pytest.mark.parametrize("n", ["0", "-4"])
+def test_an_expert_count_that_is_not_positive_is_a_usage_error_not_a_silent_pass(tmp_path, n):
+    """`--num-experts` states the model's expert count; 0 or a negative count would judge no expert
+    key at all (or judge against nonsense), so it is refused in one line with exit 2."""
+    from helpers import cli
+    d = tmp_path / "ck"
+    W.write(str(d), [W.Item("layers.0.mlp.experts.0.w", (2,), (0,), (2,), [1.0, 2.0], rank=0)])
+    rc, out, err = cli("verify", str(d), "--num-experts", n)
+    assert rc == 2 and "--num-experts" in err and "positive" in err and "Traceback" not in err, (rc, err)
+
+
+@pytest.mark.parametrize("pad_kib,read", [(900, True), (1100, False)])
+def test_the_expert_count_is_read_from_a_config_json_of_up_to_1_mib(tmp_path, pad_kib, read):
+    """A model's config.json (HF configs with long vocab maps run to hundreds of KiB) is read for the
+    expert count up to 1 MiB; a larger one is not read at all (bounded reads), so no count is claimed."""
+    d = tmp_path / "ck"
+    W.write(str(d), [W.Item(f"layers.0.mlp.experts.{i}.w", (2,), (0,), (2,), [1.0, 2.0], rank=0) for i in (0, 1)])
+    (d / "config.json").write_text(json.dumps({"num_experts": 4, "pad": "x" * (pad_kib << 10)}))
+    rep = api.verify(str(d))
+    if read:
+        (hit,) = assert_fires(rep, "CKD109", severity="error")
+        assert hit.details["expected_from"].endswith("config.json:num_experts"), hit.details
+    else:
+        assert "CKD109" not in rep.rules()
