@@ -361,3 +361,25 @@ def test_the_expert_count_comes_from_the_nearest_config_of_the_checkpoint_its_pa
     assert _expected_experts(ck, eng)[0] == 4
     (ck_dir / "config.json").write_text(_json.dumps({"n_routed_experts": 16}))
     assert _expected_experts(ck, eng)[0] == 16
+
+
+def test_deep_names_every_storage_extension_a_record_was_written_through(tmp_path, monkeypatch):
+    """A record written through a chain of storage extensions (torch's zstd plus another a site
+    registers) is not scanned, and the note says so naming the whole chain in the save's order;
+    `details.transform` stays the first, as for a single extension."""
+    from ckptdoctor.layouts import dcp as D
+    d = tmp_path / "zst"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "zstd", d)
+    (d / "README.md").unlink()
+    def two_extensions(parse):
+        def parsed(*a, **k):
+            md = parse(*a, **k)
+            for s in md.storage:
+                s.transforms = ("stream.zstd/1", "site.crypt/1")
+            return md
+        return parsed
+    for fn in ("parse", "parse_file"):  # a local checkpoint's reader and a fetched one's
+        monkeypatch.setattr(D, fn, two_extensions(getattr(D, fn)))
+    hit = [f for f in api.verify(str(d), deep=True).findings if f.rule == "CKD901" and "__0_0.distcp" in f.path][0]
+    assert "through 'stream.zstd/1' then 'site.crypt/1'; their bytes were not scanned" in hit.message, hit.message
+    assert hit.details["transform"] == "stream.zstd/1" and hit.details["transforms"] == ["stream.zstd/1", "site.crypt/1"]

@@ -304,10 +304,11 @@ def _dcp_records(ck, name: str, size: int, read, res: DeepResult, eng) -> list[R
     transformed = [s for s in mine if s.transforms]
     if transformed:  # compressed by a storage extension: not scanned here, and not passed either
         res.skipped.append(name)
+        chain = transformed[0].transforms  # the storage extensions in the order the save applied them
         eng.emit("CKD901", Hit(ck.path(name), f"--deep: {len(transformed)} record(s) of {name} are written through "
-                                              f"{transformed[0].transforms[0]!r}; their bytes were not scanned",
-                               details={"file": name, "records": len(transformed),
-                                        "transform": transformed[0].transforms[0]},
+                                              f"{' then '.join(map(repr, chain))}; their bytes were not scanned",
+                               details={"file": name, "records": len(transformed), "transform": chain[0],
+                                        "transforms": list(chain)},
                                hint="structural checks validated their frames; --deep does not decompress"))
     for s in mine:
         if s.file_offset + s.length > size or s.transforms:
