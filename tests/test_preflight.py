@@ -626,3 +626,13 @@ def test_after_a_world_size_change_each_rank_is_charged_its_share_of_a_chunk_it_
                                                              2: ["__1_0.distcp"], 3: ["__1_0.distcp"]}
     assert rs.bytes_by_rank == {0: length["__0_0.distcp"] // 2, 1: length["__0_0.distcp"] // 2,
                                 2: length["__1_0.distcp"] // 2, 3: length["__1_0.distcp"] // 2}
+
+
+def test_host_memory_blocks_are_the_power_of_two_at_or_above_each_request():
+    """The host-memory model charges each pinned buffer as the CUDA caching host allocator does: the
+    smallest power of two at or above its size (exactly the size when it is one), nothing for 0."""
+    from ckptdoctor.preflight.readsets import pow2
+    assert pow2(0) == 0 and [pow2(n) for n in (1, 2, 3, 4, 5, 9, 17)] == [1, 2, 4, 4, 8, 16, 32]
+    for n in range(1, 5000):
+        p = pow2(n)
+        assert p & (p - 1) == 0 and n <= p < 2 * n, (n, p)
