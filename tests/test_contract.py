@@ -871,3 +871,19 @@ def test_a_code_change_message_names_five_files_then_dots(run):
     rc, doc, err = check(run)
     (f,) = assert_fires_json(doc, "CKD511")
     assert f["message"].endswith(": 6 file(s) differ: m0.py, m1.py, m2.py, m3.py, m4.py ..."), f["message"]
+
+
+@pytest.mark.parametrize("new_lines", [2, 4, 8])
+def test_a_recipe_edit_shows_its_first_four_diff_lines_and_counts_the_rest(run, new_lines):
+    """A recipe change is shown as the diff itself: its first four lines, then "(+N more lines)" with
+    N exactly the lines not shown; a short diff is shown whole.  The finding sits on the recipe; a
+    changed total_steps has no file of its own and sits on the contract."""
+    (run.parent / "recipe.yaml").write_text("".join(f"k{i}: {i}\n" for i in range(new_lines)))
+    rc, doc, _ = check(run, "--total-steps", "1200")
+    f = next(f for f in doc["findings"] if f["rule"] == "CKD513")
+    diff = f["details"]["diff"]
+    assert rc == 1 and f["path"].endswith("recipe.yaml") and len(diff) == new_lines + 1, diff
+    shown = "; ".join(diff[:4])
+    assert f["message"].endswith(f": {shown} (+{len(diff) - 4} more lines)" if len(diff) > 4 else f": {shown}"), f["message"]
+    t = next(f for f in doc["findings"] if f["rule"] == "CKD514")
+    assert t["path"].endswith("ckptdoctor.contract.json") and t["details"]["item"] == "total_steps", t

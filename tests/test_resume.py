@@ -286,3 +286,127 @@ def test_a_digest_file_over_the_size_bound_is_refused_in_one_line_naming_it(tmp_
     monkeypatch.setattr(resume, "MAX_DIGEST_FILE", 64)
     with pytest.raises(ValueError, match=rf"^{re.escape(path)}: \d+ bytes, larger than the 64-byte limit for this file$"):
         resume.load(path)
+
+
+def test_bytes_values_are_digested_by_their_exact_bytes_and_never_like_a_string():
+    """A bytes leaf (a tokenizer blob, a packed RNG state) is digested as its bytes, marked as bytes:
+    b"abc" and "abc" differ, one changed byte differs, and empty bytes are a value of their own."""
+    import xxhash
+    from ckptdoctor import resume
+    d = resume.digest_state({"b": b"abc", "s": "abc", "ba": bytearray(b"abc"), "e": b"", "x": b"abd"})
+    assert d["b"].digest == xxhash.xxh3_128(b"babc").hexdigest() == d["ba"].digest
+    assert len({d["b"].digest, d["s"].digest, d["e"].digest, d["x"].digest}) == 4
+
+
+@pytest.mark.parametrize("kind", ["dict", "state_dict"])
+def test_a_state_nested_64_levels_of_dicts_or_state_dicts_is_digested_and_65_refused(kind):
+    """The 64-level bound counts every level alike: nested dicts, and objects whose state_dict() holds
+    another such object (a wrapper around a wrapper)."""
+    from ckptdoctor import resume
+
+    class Wrap:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def state_dict(self):
+            return self.inner
+
+    def nested(levels):
+        deep = 1
+        for _ in range(levels):
+            deep = {"k": deep} if kind == "dict" else Wrap(deep)
+        return deep
+    assert len(resume.digest_state(nested(64))) == 1
+    for levels in (65, 66, 127):
+        with pytest.raises(TypeError, match=r"nested deeper than 64 levels$"):
+            resume.digest_state(nested(levels))
+
+
+def test_numpy_arrays_are_digested_by_dtype_shape_and_bytes():
+    import numpy as np
+    import xxhash
+    from ckptdoctor import resume
+    a = np.arange(6, dtype=np.int32).reshape(2, 3)
+    d = resume.digest_state({"a": a, "t": a.T, "e": np.zeros((0, 3))})
+    assert d["a"].digest == xxhash.xxh3_128(a.tobytes()).hexdigest() and d["a"].shape == (2, 3)
+    assert d["a"].dtype == "numpy.int32" and d["t"].digest == xxhash.xxh3_128(a.T.copy().tobytes()).hexdigest()
+    assert d["e"].digest == xxhash.xxh3_128(b"").hexdigest() and d["e"].shape == (0, 3)
+
+
+def test_a_one_element_tensor_is_digested_by_its_value():
+    torch = pytest.importorskip("torch")
+    from ckptdoctor import resume
+    d = resume.digest_state({"a": torch.tensor([5.0]), "b": torch.tensor([6.0]), "e": torch.zeros(0)})
+    assert len({d["a"].digest, d["b"].digest, d["e"].digest}) == 3
+
+
+@pytest.mark.parametrize("fmt", ["ckptdoctor.digests/v0", "ckptdoctor.digests/v2", "other", None])
+def test_a_digest_file_of_another_format_is_refused(fmt):
+    from ckptdoctor import resume
+    doc = {"format": fmt, "rank": 0, "world_size": 1, "items": {}}
+    with pytest.raises(ValueError, match=r"^f\.json: not a ckptdoctor\.digests/v1 file$"):
+        resume.parse(json.dumps(doc).encode(), "f.json")
+
+
+def test_a_digest_file_that_cannot_be_read_says_why_in_one_line(tmp_path):
+    from ckptdoctor import resume
+    (tmp_path / "rank_00000.json").mkdir()
+    with pytest.raises(ValueError) as ei:
+        resume.load(str(tmp_path / "rank_00000.json"))
+    assert str(ei.value) == f"{tmp_path}/rank_00000.json: cannot read (a directory, not a regular file; not read)"
+    with pytest.raises(ValueError, match=r": cannot read \(No such file or directory\)$"):
+        resume.load(str(tmp_path / "absent.json"))
+
+
+def test_a_digest_says_a_tensor_became_a_value_and_a_value_a_tensor():
+    from ckptdoctor import resume
+    t = resume.Digest("tensor", "x", "torch.float32", (2,))
+    v = resume.Digest("value", "y")
+    assert t.describe(v) == "value now, tensor when saved" and v.describe(t) == "tensor now, value when saved"
+
+
+def test_a_mismatch_of_fewer_than_twenty_items_shows_them_all_without_dots():
+    from ckptdoctor import resume
+    assert str(resume.ResumeMismatch(0, ["w0", "w1"], [], [])).endswith("2 item(s) differ: w0, w1")
+
+
+@pytest.mark.parametrize("world", [3, 6])
+def test_a_digest_set_missing_five_ranks_or_fewer_names_them_all_and_no_more(tmp_path, world):
+    from ckptdoctor import resume
+    ck = _dcp_checkpoint(tmp_path / "ck")
+    resume.record({"w": [1]}, str(ck), rank=0, world_size=world, rng=False)
+    (hit,) = assert_fires(api.verify(str(ck)), "CKD501", severity="error")
+    names = ", ".join(f"rank_{r:05d}.json" for r in range(1, world))
+    assert hit.message.endswith(f"{world - 1} of {world} rank digest file(s) missing: {names}"), hit.message
+
+
+def test_a_rank_file_past_rank_256_is_matched_to_its_rank_by_value(tmp_path):
+    """rank_00300.json saying rank 300 is that rank's file (compared by value, not identity)."""
+    from ckptdoctor import resume
+    ck = _dcp_checkpoint(tmp_path / "ck")
+    resume.record({"w": [1]}, str(ck), rank=300, world_size=301, rng=False)
+    rep = api.verify(str(ck))
+    assert not [f for f in rep.findings if "unreadable" in f.message], [f.message for f in rep.findings]
+    (hit,) = assert_fires(rep, "CKD501", severity="error")
+    assert hit.message.startswith(f"{resume.DIR}: 300 of 301 rank digest file(s) missing: rank_00000.json, ") and \
+        hit.message.endswith(" and 295 more"), hit.message
+
+
+def test_a_digest_directory_with_only_an_unreadable_rank_file_names_it_and_nothing_else(tmp_path):
+    from ckptdoctor import resume
+    ck = _dcp_checkpoint(tmp_path / "ck")
+    (ck / resume.DIR).mkdir()
+    (ck / resume.DIR / "rank_00000.json").write_text("{not json")
+    msgs = [f.message for f in api.verify(str(ck)).findings if f.rule == "CKD501"]
+    assert len(msgs) == 1 and "rank_00000.json is unreadable" in msgs[0] and "disagree" not in msgs[0], msgs
+
+
+def test_a_digest_file_one_byte_past_256_mib_is_refused_unread(tmp_path):
+    """The digest file's bound is 256 MiB (a million items' digests fit in a tenth of it): a sparse file
+    one byte past it is refused from its size alone, naming the limit."""
+    from ckptdoctor import resume
+    p = tmp_path / "rank_00000.json"
+    with open(p, "wb") as fh:
+        fh.truncate((256 << 20) + 1)
+    with pytest.raises(ValueError, match=rf"{(256 << 20) + 1} bytes, larger than the {256 << 20}-byte limit"):
+        resume.load(str(p))
