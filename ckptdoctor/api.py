@@ -30,6 +30,9 @@ def make_engine(command: str, target: str, *, select=None, ignore=None, severity
     s.severity.update(severity or {})
     opts = dict(s.options.get(command, {}))
     opts.update({k: v for k, v in options.items() if v is not None})
+    n = opts.get("num_experts")  # from the command line, the API or a config file alike
+    if n is not None and (type(n) is not int or n < 1):  # 0 or fewer would switch CKD109 off unseen
+        raise UsageError(f"--num-experts {n!r}: the model's expert count, a positive integer")
     eng = Engine(command, target, Selection(s.select, s.ignore, s.severity), fail_on=s.fail_on,
                  options=opts, debug=debug, progress=progress, acknowledge=s.acknowledge)
     eng.report.config = s.source

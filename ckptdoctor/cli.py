@@ -263,8 +263,6 @@ def verify(
         raise UsageError("--fix-to, --quarantine and --dry-run only make sense with --fix")
     if allow_fresh and target.value != "resume":
         raise UsageError("--allow-fresh only makes sense with --target resume (the relaunch gate)")
-    if num_experts is not None and num_experts < 1:  # 0 or fewer would switch CKD109 off unseen
-        raise UsageError(f"--num-experts {num_experts}: the model's expert count, a positive integer")
     if loader_torch is not None:
         from .layouts.torchver import vtuple
         try:

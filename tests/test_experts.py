@@ -86,6 +86,9 @@ def test_an_expert_count_that_is_not_positive_is_a_usage_error_not_a_silent_pass
     W.write(str(d), [W.Item("layers.0.mlp.experts.0.w", (2,), (0,), (2,), [1.0, 2.0], rank=0)])
     rc, out, err = cli("verify", str(d), "--num-experts", n)
     assert rc == 2 and "--num-experts" in err and "positive" in err and "Traceback" not in err, (rc, err)
+    from ckptdoctor.engine.errors import UsageError
+    with pytest.raises(UsageError, match="positive integer"):  # the API refuses it alike
+        api.verify(str(d), num_experts=int(n))
 
 
 @pytest.mark.parametrize("pad_kib,read", [(900, True), (1100, False)])

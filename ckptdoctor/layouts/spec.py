@@ -268,7 +268,7 @@ def _matcher(pattern: str):
     """fnmatchcase(name, pattern) as a function, without compiling a regular expression for the
     shapes family files use most (`.metadata`, `*.distcp`, `iter_*`): detection tries every
     family's patterns, and compiling ~30 of them was 5 ms of a small verify (issue 20)."""
-    if not _MAGIC & set(pattern):
+    if is_literal(pattern):
         return pattern.__eq__
     head, star, tail = pattern.partition("*")
     if star and not _MAGIC & set(head + tail):
