@@ -862,15 +862,18 @@ def test_a_recipe_change_message_shows_four_diff_lines_and_counts_the_rest(run):
         assert f["message"].endswith(tail), f["message"]
 
 
-def test_a_code_change_message_names_five_files_then_dots(run):
+@pytest.mark.parametrize("n", [4, 5, 6])
+def test_a_code_change_message_names_five_files_and_marks_more_with_dots(run, n):
+    """Up to five differing files are all named and nothing follows them; a sixth is marked " ..."."""
     code = run.parent / "code"
-    for i in range(6):
+    for i in range(n):
         (code / f"m{i}.py").write_text(f"v = {i}\n")
     subprocess.run([*GIT, "-C", str(code), "add", "."], check=True)
-    subprocess.run([*GIT, "-C", str(code), "commit", "-qm", "six"], check=True)
+    subprocess.run([*GIT, "-C", str(code), "commit", "-qm", "more"], check=True)
     rc, doc, err = check(run)
     (f,) = assert_fires_json(doc, "CKD511")
-    assert f["message"].endswith(": 6 file(s) differ: m0.py, m1.py, m2.py, m3.py, m4.py ..."), f["message"]
+    named = ", ".join(f"m{i}.py" for i in range(min(n, 5)))
+    assert f["message"].endswith(f": {n} file(s) differ: {named}" + (" ..." if n > 5 else "")), f["message"]
 
 
 @pytest.mark.parametrize("new_lines", [2, 4, 8])

@@ -410,3 +410,71 @@ def test_a_digest_file_one_byte_past_256_mib_is_refused_unread(tmp_path):
         fh.truncate((256 << 20) + 1)
     with pytest.raises(ValueError, match=rf"{(256 << 20) + 1} bytes, larger than the {256 << 20}-byte limit"):
         resume.load(str(p))
+
+
+def test_a_tensor_on_an_accelerator_is_digested_by_its_bytes_copied_to_the_host():
+    """A rank saves from its GPU and proves its resume by the same bytes a CPU copy has (no
+    accelerator here: a stand-in reports device "cuda" and gives its bytes only through .cpu())."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+    from ckptdoctor import resume
+    host = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+
+    class OnAccelerator:
+        device, dtype, shape = SimpleNamespace(type="cuda"), host.dtype, host.shape
+
+        def detach(self):
+            return self
+
+        def cpu(self):
+            return host.clone()
+    assert resume._tensor(OnAccelerator()) == resume.digest_state({"w": host})["w"]
+
+
+_SHARDED_JOB = r"""
+import json, sys, tempfile, warnings, torch, torch.distributed as dist
+from torch.distributed._shard.sharded_tensor import ShardedTensor, Shard
+from torch.distributed._shard.metadata import ShardMetadata
+from ckptdoctor import resume
+warnings.simplefilter("ignore")
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+def sharded(top, bottom):   # handed over bottom first: the digest must follow the offsets, not the order
+    shards = [Shard(bottom, ShardMetadata([2, 0], [2, 3], "rank:0/cpu")),
+              Shard(top, ShardMetadata([0, 0], [2, 3], "rank:0/cpu"))]
+    return ShardedTensor._init_from_local_shards(shards, [4, 3])
+a, b = torch.arange(6.).reshape(2, 3), torch.arange(6., 12.).reshape(2, 3)
+d = resume.digest_state({"w": sharded(a, b), "v": sharded(a, b + 1)})
+print(json.dumps({k: [x.kind, x.digest, x.shape, x.extra] for k, x in d.items()}))
+"""
+
+
+def test_a_legacy_sharded_tensor_is_digested_by_its_local_shards_in_offset_order():
+    """torch's ShardedTensor (still in older FSDP/TorchRec state dicts): its local shards' bytes in
+    offset order, with the global shape -- one changed shard changes the digest."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+    import xxhash
+    p = subprocess.run([sys.executable, "-c", _SHARDED_JOB], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    import numpy as np
+    top, bottom = np.arange(6, dtype=np.float32), np.arange(6, 12, dtype=np.float32)
+    assert d["w"] == ["sharded", xxhash.xxh3_128(top.tobytes() + bottom.tobytes()).hexdigest(), [4, 3],
+                      "local shards at [[0, 0], [2, 0]]"]
+    assert d["v"][1] != d["w"][1]
+
+
+def test_a_digest_file_that_is_not_json_quotes_at_most_80_characters_of_the_parsers_error(monkeypatch):
+    """The parser's own words, cut at 80 characters (made long here: its messages differ between
+    Python versions)."""
+    from ckptdoctor import resume
+    said = "the parser's explanation, " * 10
+
+    def parser_says(*a, **k):
+        raise ValueError(said)
+    monkeypatch.setattr(resume.json, "loads", parser_says)
+    with pytest.raises(ValueError) as ei:
+        resume.parse(b"{not json", "rank_00000.json")
+    assert str(ei.value) == f"rank_00000.json: not JSON ({said[:80]})"
