@@ -478,3 +478,70 @@ def test_a_digest_file_that_is_not_json_quotes_at_most_80_characters_of_the_pars
     with pytest.raises(ValueError) as ei:
         resume.parse(b"{not json", "rank_00000.json")
     assert str(ei.value) == f"rank_00000.json: not JSON ({said[:80]})"
+
+
+def test_digests_diff_says_what_differs_and_what_is_only_on_either_side_and_nothing_more(tmp_path):
+    """CKD502's sentence per rank: the differing items, those only in the first set, those only in
+    the second -- each part present exactly when it has items."""
+    torch = pytest.importorskip("torch")
+    from ckptdoctor import resume
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    resume.record({"w": torch.ones(3), "gone": 1}, a, rank=0, world_size=2, rng=False)
+    resume.record({"w": torch.ones(3) * 2, "new": 1}, b, rank=0, world_size=2, rng=False)
+    resume.record({"w": torch.ones(3)}, a, rank=1, world_size=2, rng=False)
+    resume.record({"w": torch.ones(3) * 2}, b, rank=1, world_size=2, rng=False)
+    rc, out, err = cli("digests", "diff", a, b, "-f", "json")
+    assert rc == 1, err
+    hits = {f["details"]["rank"]: f["message"] for f in assert_fires_json(json.loads(out), "CKD502")}
+    assert hits == {0: f"rank 0: 1 differ: state/w (bytes differ); 1 only in {a}: state/gone; 1 only in {b}: state/new",
+                    1: "rank 1: 1 differ: state/w (bytes differ)"}, hits
+
+
+def test_a_digest_read_back_from_its_file_says_bytes_differ_when_only_the_bytes_do(tmp_path):
+    """The saved digest comes from JSON and the new one from the tensor: equal shapes held in
+    different tuples are the same shape, not a "shape change"."""
+    torch = pytest.importorskip("torch")
+    from ckptdoctor import resume
+    resume.record({"w": torch.ones(2, 3)}, str(tmp_path), rank=0, world_size=1, rng=False)
+    saved = resume.load(resume.path_for(str(tmp_path), 0)).items
+    now = resume.digest_state({"state": {"w": torch.zeros(2, 3)}})
+    key = next(iter(saved))
+    assert saved[key].shape == now[key].shape and saved[key].describe(now[key]) == "bytes differ"
+
+
+def test_the_torch_cpu_stream_is_recorded_when_torch_is_in_use_and_follows_its_seed():
+    torch = pytest.importorskip("torch")
+    from ckptdoctor import resume
+    torch.manual_seed(1)
+    a = resume.rng_state(("torch_cpu",))
+    torch.manual_seed(2)
+    b = resume.rng_state(("torch_cpu",))
+    assert list(a) == ["torch_cpu"] and a["torch_cpu"].digest != b["torch_cpu"].digest
+
+
+@pytest.mark.parametrize("initialized", [False, True])
+def test_the_cuda_stream_is_recorded_only_where_cuda_is_already_in_use(monkeypatch, initialized):
+    """Asking for the CUDA generators initializes CUDA: a process that never used its GPU must
+    not get a CUDA context from a digest (no GPU here: torch.cuda answers as on a GPU node)."""
+    torch = pytest.importorskip("torch")
+    from ckptdoctor import resume
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: initialized)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: asked.append(1) or [torch.zeros(8, dtype=torch.uint8)])
+    got = resume.rng_state(("torch_cuda",))
+    assert (list(got), asked) == ((["torch_cuda"], [1]) if initialized else ([], []))
+
+
+def test_a_machine_without_a_boot_id_records_the_process_without_one(monkeypatch):
+    """No /proc (a container without it, macOS): the identity is still recorded, boot_id None."""
+    import builtins
+    from ckptdoctor import resume
+
+    def no_proc(path, *a, **k):
+        if str(path).startswith("/proc/"):
+            raise FileNotFoundError(2, "No such file or directory", path)
+        return builtins.open(path, *a, **k)
+    monkeypatch.setattr(resume, "open", no_proc, raising=False)
+    ident = resume.process_identity()
+    assert ident["boot_id"] is None and ident["pid"] == os.getpid() and ident["host"]
