@@ -636,3 +636,81 @@ def test_host_memory_blocks_are_the_power_of_two_at_or_above_each_request():
     for n in range(1, 5000):
         p = pow2(n)
         assert p & (p - 1) == 0 and n <= p < 2 * n, (n, p)
+
+
+@pytest.mark.parametrize("gone, locked, word", [((2, 3), (), "missing"), ((), (2, 3), "unreadable"),
+                                                ((3,), (2,), "missing or unreadable")])
+def test_a_nodes_shards_are_said_missing_unreadable_or_both_as_they_are(four, gone, locked, word):
+    """CKD401's sentence names what is wrong with the node's files: all absent, all there but not
+    readable by the user the job runs as (mode 000), or some of each."""
+    import subprocess
+    import sys
+    from helpers import as_unprivileged
+    src, root = four
+    loc = spread(src, root, ["n1", "n2"], 2)
+    d = root / "n2" / "run7" / "iter_0000100"
+    for r in gone:
+        (d / f"__{r}_0.distcp").unlink()
+    for r in locked:
+        (d / f"__{r}_0.distcp").chmod(0)
+    p = subprocess.run(as_unprivileged() + [sys.executable, "-m", "ckptdoctor", "preflight", "-f", "json", loc,
+                                            "--nodelist", "n[1-2]", "--ranks-per-node", "2"],
+                       capture_output=True, text=True, timeout=120)
+    (hit,) = assert_fires_json(json.loads(p.stdout), "CKD401", severity="error")
+    assert p.returncode == 1 and f"2 shard file(s) of iter_0000100 {word} for ranks 2,3 (e.g." in hit["message"], \
+        hit["message"]
+    assert hit["details"]["unreadable"] == [f"__{r}_0.distcp" for r in locked], hit["details"]
+
+
+@pytest.mark.parametrize("keys", [1, 2, 3])
+def test_an_undecided_file_names_its_first_key_and_counts_the_others(tmp_path, keys):
+    """CKD411 names one key a node's ranks may need from a file they lack and counts the rest
+    exactly: "(+N more keys)" with N the keys not named, nothing for one key.  Here keys named for
+    data-parallel rank 1 sit in global rank 2's file, so their names cannot say who reads them."""
+    from ckptdoctor.layouts import dcp_writer as W
+    src = tmp_path / "src"
+    items = [W.Item("w", (8, 3), (2 * r, 0), (2, 3), [float(r)] * 6, rank=r) for r in range(4)]
+    for d in (0, 1):
+        items += [W.Item(f"loader.dp_rank_{d}.k{k}", (1,), (0,), (1,), [float(k)], rank=2 * d) for k in range(keys)]
+    W.write(str(src), items)
+    loc = spread(src, tmp_path / "nodes", ["n1", "n2"], 2)
+    rc, rep, err = pre(loc, "--nodelist", "n[1-2]", "--ranks-per-node", "2")
+    hits = [h for h in assert_fires_json(rep, "CKD411", severity="warning") if h["details"]["file"] == "__2_0.distcp"]
+    (hit,) = hits
+    assert hit["details"]["keys"] == [f"loader.dp_rank_1.k{k}" for k in range(keys)], hit["details"]
+    more = f" (+{keys - 1} more keys)" if keys > 1 else ""
+    assert f"may read it for 'loader.dp_rank_1.k0'{more}: " in hit["message"], hit["message"]
+
+
+def test_inside_a_slurm_job_each_nodes_memory_is_its_realmemory_in_mib(tmp_path, monkeypatch):
+    """Without --mem-per-node or $SLURM_MEM_PER_NODE, preflight asks scontrol for each node's
+    RealMemory, which Slurm gives in MiB (a fake scontrol answers as Slurm 23's `show node -o`)."""
+    from ckptdoctor.preflight import memory
+    fake = tmp_path / "bin" / "scontrol"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'NodeName=n1 Arch=x86_64 CPUTot=2 RealMemory=1024 AllocMem=0 FreeMem=900'\n"
+                    "echo 'NodeName=n2 Arch=x86_64 CPUTot=2 RealMemory=3 AllocMem=0'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.delenv("SLURM_MEM_PER_NODE", raising=False)
+    got = memory.node_memory(["n1", "n2"], None, None)
+    assert got == {"n1": memory.NodeMemory(1 << 30, "scontrol RealMemory"),
+                   "n2": memory.NodeMemory(3 << 20, "scontrol RealMemory")}
+
+
+def test_a_per_rank_sharded_object_of_a_512_rank_save_is_decided_by_its_files(tmp_path):
+    """A Megatron ShardedObject saved one shard per rank (`rng_state/shard_R_512`, each in rank R's
+    file) is read by that rank alone: past 256 ranks too (counts compared by value), so a node
+    lacking one such file strands exactly that rank -- an error, not an undecided warning."""
+    from ckptdoctor.layouts import dcp_writer as W
+    world = 512
+    src = tmp_path / "src"
+    W.write(str(src), [W.Item(f"rng_state/shard_{r}_{world}", (1,), (0,), (1,), [float(r)], rank=r)
+                       for r in range(world)])
+    loc = spread(src, tmp_path / "nodes", ["n1", "n2"], world // 2)
+    (tmp_path / "nodes" / "n1" / "run7" / "iter_0000100" / "__5_0.distcp").unlink()
+    rc, rep, err = pre(loc, "--nodelist", "n[1-2]", "--ranks-per-node", str(world // 2))
+    (hit,) = assert_fires_json(rep, "CKD401", severity="error")
+    assert rc == 1 and hit["details"]["ranks"] == [5] and hit["details"]["files"] == ["__5_0.distcp"], hit
+    assert not [f for f in rep["findings"] if f["rule"] == "CKD411"], rep["findings"]
