@@ -257,7 +257,7 @@ def test_the_numpy_stream_is_recorded_when_numpy_is_in_use_and_follows_its_state
     assert list(a) == ["numpy"] and a["numpy"].digest != b["numpy"].digest
 
 
-@pytest.mark.parametrize("bad", [1, 0.5])
+@pytest.mark.parametrize("bad", [1, 0.5, 0, 0.0])
 def test_rng_that_is_neither_a_flag_nor_stream_names_is_a_one_line_error(tmp_path, bad):
     from ckptdoctor import resume
     with pytest.raises(ValueError, match=rf"^rng={bad}: pass True, False or stream names"):
@@ -545,3 +545,22 @@ def test_a_machine_without_a_boot_id_records_the_process_without_one(monkeypatch
     monkeypatch.setattr(resume, "open", no_proc, raising=False)
     ident = resume.process_identity()
     assert ident["boot_id"] is None and ident["pid"] == os.getpid() and ident["host"]
+
+
+@pytest.mark.parametrize("worlds", [(2, 4), (2, 4, 8)])
+def test_rank_files_from_saves_of_different_world_sizes_are_named_as_mixed(tmp_path, worlds):
+    """Two world sizes among the rank files are already two saves mixed (not only three)."""
+    from ckptdoctor import resume
+    ck = _dcp_checkpoint(tmp_path / "ck")
+    for r, w in enumerate(worlds):
+        resume.record({"w": [1]}, str(ck), rank=r, world_size=w, rng=False)
+    (hit,) = assert_fires(api.verify(str(ck)), "CKD501", severity="error")
+    assert hit.details == {"world_sizes": list(worlds)} and "disagree on the world size" in hit.message, hit.message
+
+
+def test_a_digest_keeps_its_dtype_shape_and_layout_through_its_file_and_writes_no_empty_fields():
+    from ckptdoctor import resume
+    full = resume.Digest("dtensor", "ab", "torch.float32", (4, 2), "global [8, 2] ['Shard(dim=0)']")
+    assert resume.Digest.from_json(json.loads(json.dumps(full.to_json()))) == full
+    bare = resume.Digest("value", "cd")
+    assert bare.to_json() == {"kind": "value", "xxh3_128": "cd"} and resume.Digest.from_json(bare.to_json()) == bare
