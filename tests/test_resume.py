@@ -564,3 +564,12 @@ def test_a_digest_keeps_its_dtype_shape_and_layout_through_its_file_and_writes_n
     assert resume.Digest.from_json(json.loads(json.dumps(full.to_json()))) == full
     bare = resume.Digest("value", "cd")
     assert bare.to_json() == {"kind": "value", "xxh3_128": "cd"} and resume.Digest.from_json(bare.to_json()) == bare
+
+
+def test_distinct_dict_keys_never_share_a_digest_path():
+    """Keys of different types or spellings are never merged into one item: an int and its string,
+    a float and the string spelling its typed form, quotes, '#', '/', '%' and bools."""
+    from ckptdoctor import resume
+    keys = [0, "0", -1, "-1", 1.5, "float:1.5", "'0'", "#1", True, "bool:True", "a/b", "a%2Fb", "x:y", "'x:y'"]
+    d = resume.digest_state({k: i for i, k in enumerate(keys)})
+    assert len(d) == len(keys), sorted(d)
