@@ -890,3 +890,14 @@ def test_a_recipe_edit_shows_its_first_four_diff_lines_and_counts_the_rest(run, 
     assert f["message"].endswith(f": {shown} (+{len(diff) - 4} more lines)" if len(diff) > 4 else f": {shown}"), f["message"]
     t = next(f for f in doc["findings"] if f["rule"] == "CKD514")
     assert t["path"].endswith("ckptdoctor.contract.json") and t["details"]["item"] == "total_steps", t
+
+
+def test_a_removed_or_added_data_file_is_said_so_without_a_was_now_of_one_side(run):
+    """A data file gone or new since the contract: the sentence says which, and stops there (no
+    "was <hash>, now None")."""
+    os.remove(run.parent / "data" / "shard-1.bin")
+    (run.parent / "data" / "shard-2.bin").write_bytes(b"new")
+    rc, doc, _ = check(run)
+    said = {os.path.basename(f["details"]["item"]): f["message"] for f in doc["findings"]}
+    for name, what in (("shard-1.bin", "was removed"), ("shard-2.bin", "was added")):
+        assert said[name].endswith(f"shard-{name[6]}.bin {what} since contract phase 0 (initial)"), said[name]

@@ -573,3 +573,10 @@ def test_distinct_dict_keys_never_share_a_digest_path():
     keys = [0, "0", -1, "-1", 1.5, "float:1.5", "'0'", "#1", True, "bool:True", "a/b", "a%2Fb", "x:y", "'x:y'"]
     d = resume.digest_state({k: i for i, k in enumerate(keys)})
     assert len(d) == len(keys), sorted(d)
+
+
+def test_an_empty_dict_or_list_is_digested_where_it_sits():
+    from ckptdoctor import resume
+    d = resume.digest_state({"a": {}, "b": [], "c": {"d": {}}})
+    assert sorted(d) == ["a", "b", "c/d"] and d["a"].digest != d["b"].digest
+    assert list(resume.digest_state({})) == ["<root>"]
