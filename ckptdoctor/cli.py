@@ -550,8 +550,9 @@ def preflight(
                                               "`preflight --local --format json` report (instead of LOCATION): a "
                                               "directory of them (*.json) or one file; repeatable."),
     mem_per_node: str | None = typer.Option(None, "--mem-per-node", help="Host memory per node for the "
-                                               "budget (CKD410), e.g. 512G [default: $SLURM_MEM_PER_NODE, "
-                                               "scontrol RealMemory, or /proc/meminfo and cgroup with --local]."),
+                                               "budget (CKD410), e.g. 512G; 0 is all of each node's memory, as Slurm's --mem=0 [default: "
+                                               "$SLURM_MEM_PER_NODE, scontrol RealMemory, or /proc/meminfo and cgroup "
+                                               "with --local]."),
     allow_fresh: bool = typer.Option(False, "--allow-fresh", help="The job starts fresh: an empty or missing "
                                      "node-local run directory is not an error (CKD409)."),
     expect_step: int | None = typer.Option(None, "--expect-step", help="The step the job resumes from: a node "

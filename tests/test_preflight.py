@@ -714,3 +714,31 @@ def test_a_per_rank_sharded_object_of_a_512_rank_save_is_decided_by_its_files(tm
     (hit,) = assert_fires_json(rep, "CKD401", severity="error")
     assert rc == 1 and hit["details"]["ranks"] == [5] and hit["details"]["files"] == ["__5_0.distcp"], hit
     assert not [f for f in rep["findings"] if f["rule"] == "CKD411"], rep["findings"]
+
+
+@pytest.mark.parametrize("text, size", [("512", 512 << 20), ("4096K", 4 << 20), ("3M", 3 << 20), ("2G", 2 << 30),
+                                        ("1.5T", 3 << 39), ("1000000B", 1000000), ("2GiB", 2 << 30), ("1gb", 1 << 30)])
+def test_memory_sizes_are_read_as_slurm_writes_them(text, size):
+    """A bare number is MiB (Slurm's --mem); K, M, G, T are binary multiples, B is bytes."""
+    from ckptdoctor.preflight import memory
+    assert memory.parse_size(text, "--mem-per-node") == size
+
+
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_a_memory_size_of_0_is_the_whole_node_as_in_slurm_not_a_budget_switched_off(tmp_path, monkeypatch, how):
+    """`#SBATCH --mem=0` (Slurm: all of each node's memory) sets $SLURM_MEM_PER_NODE=0; it and
+    `--mem-per-node 0` mean the node's whole memory, looked up (scontrol here), never 0 bytes --
+    which CKD410 would read as unknown and skip."""
+    from ckptdoctor.preflight import memory
+    fake = tmp_path / "bin" / "scontrol"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'NodeName=n1 RealMemory=2048'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    if how == "env":
+        monkeypatch.setenv("SLURM_MEM_PER_NODE", "0")
+    else:
+        monkeypatch.delenv("SLURM_MEM_PER_NODE", raising=False)
+    got = memory.node_memory(["n1"], "0" if how == "option" else None, None)
+    assert got == {"n1": memory.NodeMemory(2 << 30, "scontrol RealMemory")}, got

@@ -88,12 +88,12 @@ def _scontrol(nodes: list[str]) -> dict[str, NodeMemory]:
 
 
 def node_memory(nodes: list[str], mem_per_node: str | None, local: str | None) -> dict[str, NodeMemory]:
-    if mem_per_node:
-        size = parse_size(mem_per_node, "--mem-per-node")
+    # a size of 0 is Slurm's `--mem=0`: all of each node's memory, so it is looked up below (it
+    # used to count as 0 bytes, which CKD410 reads as "unknown": the budget was silently off)
+    if mem_per_node and (size := parse_size(mem_per_node, "--mem-per-node")):
         return {n: NodeMemory(size, "--mem-per-node") for n in nodes}
     env = os.environ.get("SLURM_MEM_PER_NODE")
-    if env:
-        size = parse_size(env, "$SLURM_MEM_PER_NODE")
+    if env and (size := parse_size(env, "$SLURM_MEM_PER_NODE")):
         return {n: NodeMemory(size, "$SLURM_MEM_PER_NODE") for n in nodes}
     if local:
         m = _local_memory()
