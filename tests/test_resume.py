@@ -412,8 +412,8 @@ def test_a_digest_file_one_byte_past_256_mib_is_refused_unread(tmp_path):
         resume.load(str(p))
 
 
-@pytest.mark.parametrize("device", ["cuda", "npu", "aiu"])
-def test_a_tensor_on_an_accelerator_is_digested_by_its_bytes_copied_to_the_host(device):
+@pytest.mark.parametrize("kind", ["cuda", "npu", "aiu"])
+def test_a_tensor_on_an_accelerator_is_digested_by_its_bytes_copied_to_the_host(kind):
     """A rank saves from its GPU and proves its resume by the same bytes a CPU copy has (no
     accelerator here: a stand-in reports its device and gives its bytes only through .cpu()).  Any
     device but "cpu": a backend renamed from PrivateUse1 may be called anything, "aiu" included."""
@@ -423,7 +423,7 @@ def test_a_tensor_on_an_accelerator_is_digested_by_its_bytes_copied_to_the_host(
     host = torch.arange(6, dtype=torch.float32).reshape(2, 3)
 
     class OnAccelerator:
-        device, dtype, shape = SimpleNamespace(type=device), host.dtype, host.shape
+        device, dtype, shape = SimpleNamespace(type=kind), host.dtype, host.shape
 
         def detach(self):
             return self
