@@ -742,3 +742,27 @@ def test_a_memory_size_of_0_is_the_whole_node_as_in_slurm_not_a_budget_switched_
         monkeypatch.delenv("SLURM_MEM_PER_NODE", raising=False)
     got = memory.node_memory(["n1"], "0" if how == "option" else None, None)
     assert got == {"n1": memory.NodeMemory(2 << 30, "scontrol RealMemory")}, got
+
+
+def test_an_empty_node_says_why_it_is_wrong_in_local_mode_and_over_the_allocation(four, tmp_path):
+    """CKD409's reason: with --local a node sees only itself (no fresh start declared); over the
+    allocation, that no node holds one either."""
+    for n in ("n1", "n2"):
+        (tmp_path / "fresh" / n / "run7").mkdir(parents=True)
+    rc, rep, err = pre(f"{tmp_path}/fresh/{{node}}/run7", "--nodelist", "n[1-2]", "--ranks-per-node", "1")
+    for hit in assert_fires_json(rep, "CKD409"):
+        assert " holds no checkpoint on any node, and the job does not declare a fresh start: " in hit["message"]
+    env = {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NTASKS_PER_NODE": "1", "SLURMD_NODENAME": "n2"}
+    rc, rep, err = pre("--local", tmp_path / "fresh" / "n2" / "run7", env=env)
+    (hit,) = assert_fires_json(rep, "CKD409")
+    assert " holds no checkpoint and the job does not declare a fresh start: " in hit["message"], hit["message"]
+
+
+def test_files_on_no_node_are_counted_and_the_first_of_them_named(four):
+    src, root = four
+    loc = spread(src, root, ["n1", "n2"], 2)
+    for r in (2, 3):
+        os.remove(root / "n2" / "run7" / "iter_0000100" / f"__{r}_0.distcp")
+    rc, rep, err = pre(loc, "--nodelist", "n[1-2]", "--ranks-per-node", "2")
+    (hit,) = assert_fires_json(rep, "CKD401")
+    assert "2 file(s) (e.g. __2_0.distcp) are on no node of this allocation" in hit["hint"], hit["hint"]
