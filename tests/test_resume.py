@@ -271,7 +271,7 @@ def test_a_rank_outside_the_world_is_refused_when_recording(tmp_path, rank, worl
         resume.record({"w": [1]}, str(tmp_path), rank=rank, world_size=world, rng=False)
 
 
-@pytest.mark.parametrize("rank", [-1, 2])
+@pytest.mark.parametrize("rank", [-1, 2, 3, 300])
 def test_a_digest_file_with_a_rank_outside_its_world_is_refused(rank):
     from ckptdoctor import resume
     doc = {"format": resume.FORMAT, "rank": rank, "world_size": 2, "items": {}}
@@ -582,3 +582,23 @@ def test_an_empty_dict_or_list_is_digested_where_it_sits():
     d = resume.digest_state({"a": {}, "b": [], "c": {"d": {}}})
     assert sorted(d) == ["a", "b", "c/d"] and d["a"].digest != d["b"].digest
     assert list(resume.digest_state({})) == ["<root>"]
+
+
+@pytest.mark.parametrize("record", [{"kind": "tensor"}, {"xxh3_128": "ab"}, {"kind": 1, "xxh3_128": "ab"},
+                                    {"kind": "tensor", "xxh3_128": 5}, ["tensor", "ab"]])
+def test_a_digest_record_without_its_kind_or_hash_is_refused_in_one_line(record):
+    from ckptdoctor import resume
+    with pytest.raises(ValueError, match=r"^not a digest record: "):
+        resume.Digest.from_json(record)
+
+
+def test_a_torch_built_without_distributed_still_digests_plain_tensors(monkeypatch):
+    """Some builds (macOS wheels of older releases, minimal containers) ship torch without
+    torch.distributed: DTensor and ShardedTensor are then simply not there."""
+    torch = pytest.importorskip("torch")
+    import sys
+    from ckptdoctor import resume
+    want = resume.digest_state({"w": torch.ones(2)})
+    monkeypatch.setitem(sys.modules, "torch.distributed.tensor", None)
+    monkeypatch.setitem(sys.modules, "torch.distributed._shard.sharded_tensor", None)
+    assert resume.digest_state({"w": torch.ones(2)}) == want
