@@ -629,10 +629,12 @@ def test_id_less_restored_groups_take_the_prompts_of_their_batch_in_order():
     assert [r.prompt for r in restored_with_ids([(7, None)] * 3, 3, diverted=1)] == [24, 25, 26]
 
 
-@pytest.mark.parametrize("a,targets,new", [(8, (7,) * 4, 7), (9, (7,) * 4 + (8,) * 4, 8), (10, (7,) * 4 + (8,) * 4 + (9,) * 4, None)])
-def test_a_repair_is_offered_for_a_cursor_inside_the_gate_window_edges_included(tmp_path, a, targets, new):
-    """Trainer 7, lookahead 1: the window is [6, 8]; cursor 9 is refused."""
-    rep = rec(write_state(tmp_path, state(c=6, a=a, targets=targets)))
+@pytest.mark.parametrize("c,a,targets,new", [(5, 7, (6,) * 4 + (7,) * 4, 6), (6, 8, (7,) * 4, 7),
+                                             (6, 9, (7,) * 4 + (8,) * 4, 8),
+                                             (6, 10, (7,) * 4 + (8,) * 4 + (9,) * 4, None)])
+def test_a_repair_is_offered_for_a_cursor_inside_the_gate_window_edges_included(tmp_path, c, a, targets, new):
+    """Trainer 7, lookahead 1: the window is [6, 8], both edges offered; cursor 9 is refused."""
+    rep = rec(write_state(tmp_path, state(c=c, a=a, targets=targets)))
     assert rep.facts["repair"]["available"] is (new is not None) and rep.facts["repair"]["new_cursor"] == new, \
         rep.facts["repair"]
 
@@ -693,3 +695,67 @@ def test_persisted_in_flight_groups_fill_their_step_in_the_simulated_repair(tmp_
                                    "reason": "align the cursor to the dataloader: 7 -> 8"}
     (hit,) = assert_fires(rep, "CKD303", severity="error")
     assert "lost on resume p36-p39" in hit.message and hit.details["repair"] == 8, hit.message
+
+
+@pytest.mark.parametrize("groups, recorded, fires", [(4, 3, True), (4, 5, True), (4, 4, False), (300, 300, False),
+                                                     (300, 299, True)])
+def test_a_data_plane_recording_another_group_count_than_the_replay_file_is_an_error(tmp_path, groups, recorded,
+                                                                                    fires):
+    """CKD308: fewer or more groups recorded by the data plane than the replay file holds; equal
+    counts (300 too: compared by value) are silent."""
+    doc = state(targets=(7,) * groups, data_plane__group_count=recorded)
+    hits = [f for f in rec(write_state(tmp_path, doc)).findings if f.rule == "CKD308"]
+    assert bool(hits) is fires, [h.message for h in hits]
+    if fires:
+        assert_fires(rec(write_state(tmp_path, doc)), "CKD308", severity="error")
+        assert hits[0].message == f"data plane records {recorded} replay group(s), the replay file holds {groups}"
+
+
+def test_a_latest_status_naming_a_missing_step_shows_the_last_three_that_exist(tmp_path):
+    doc = state(run__steps=[100, 200, 300, 400, 500], run__latest_status_step=600)
+    (hit,) = assert_fires(rec(write_state(tmp_path, doc)), "CKD311")
+    assert "names step 600, which does not exist as a finished step directory (have [300, 400, 500]): " in hit.message
+
+
+@pytest.mark.parametrize("url", ["s3://b/run/step_7/info.json", "gcs://b/run/info.json", "s3a://b/info.json",
+                                 "oss://b/info.json", "https://h/x/info.json", "hdfs://nn/info.json"])
+def test_a_provenance_naming_a_file_under_any_url_scheme_keeps_the_url_whole(url):
+    """The field follows the first colon after the scheme's "://" -- a three-letter scheme (gcs,
+    s3a, oss) included."""
+    from ckptdoctor.runstate.schema import Provenance
+    assert Provenance.parse(f"{url}:trainer.step") == Provenance("file", url, "trainer.step")
+
+
+@pytest.mark.parametrize("b", [1.5, True, "x", None, [1]])
+def test_a_mapped_sum_with_a_term_that_is_not_an_integer_is_unknown(b):
+    from ckptdoctor.runstate.pathexpr import MISSING, evaluate
+    assert evaluate({"a": 3, "b": b}, "a + b") is MISSING and evaluate({"a": 3, "b": b}, "b - a") is MISSING
+
+
+@needs_torch
+def test_id_less_groups_of_a_mapped_checkpoint_stay_id_less_not_the_string_none(nemo):
+    """NeMo-RL's replay groups carry no prompt id: they stay unknown (None), which the simulation
+    reads as "the prompts of their batch in order" -- never the id "None" shared by all."""
+    d = nemo(cursor=6, batches=7)
+    rc, out, err = cli("reconcile", "--show-state", d)
+    groups = json.loads(out)["buffer"]["groups"]
+    assert rc == 0 and len(groups) == 4 and all(g["prompt_id"] is None for g in groups), groups
+
+
+@needs_torch
+def test_a_status_file_whose_step_is_null_names_no_step(nemo):
+    d = nemo(cursor=6, batches=7)
+    with open(os.path.join(os.path.dirname(d), "latest_checkpoint_status.json"), "w") as fh:
+        json.dump({"last_checkpoint_step": None}, fh)
+    rc, out, err = cli("reconcile", "--show-state", os.path.dirname(d))
+    doc = json.loads(out)
+    assert rc == 0 and doc["run"].get("latest_status_step") is None, doc["run"]
+    assert "run.latest_status_step" not in doc["provenance"], doc["provenance"]
+
+
+@needs_torch
+def test_a_mapped_field_with_a_malformed_expression_is_a_one_line_usage_error(nemo):
+    d = nemo(cursor=6, batches=7)
+    rc, out, err = cli("reconcile", "--map", "sampler.cursor=training_info.json:len(current_step", d)
+    assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "field sampler.cursor" in err and "unclosed len(" in err, err

@@ -602,3 +602,20 @@ def test_a_torch_built_without_distributed_still_digests_plain_tensors(monkeypat
     monkeypatch.setitem(sys.modules, "torch.distributed.tensor", None)
     monkeypatch.setitem(sys.modules, "torch.distributed._shard.sharded_tensor", None)
     assert resume.digest_state({"w": torch.ones(2)}) == want
+
+
+def test_a_digest_file_with_a_bad_record_is_refused_naming_the_file():
+    from ckptdoctor import resume
+    doc = {"format": resume.FORMAT, "rank": 0, "world_size": 1, "items": {"state/w": {"kind": "tensor"}}}
+    with pytest.raises(ValueError, match=r"^rank_00000\.json: not a digest record: "):
+        resume.parse(json.dumps(doc).encode(), "rank_00000.json")
+
+
+def test_without_a_process_group_or_arguments_a_process_is_rank_0_of_1(tmp_path):
+    """A single-process job records as rank 0 of a world of 1, so its own directory is complete."""
+    from ckptdoctor import resume
+    path = resume.record({"w": [1]}, str(tmp_path), rng=False)
+    ds = resume.load(path)
+    assert (ds.rank, ds.world_size) == (0, 1) and path == resume.path_for(str(tmp_path), 0)
+    with pytest.raises(ValueError, match=r"^rank 1 is outside a world of 1 \(pass world_size="):
+        resume.record({"w": [1]}, str(tmp_path), rank=1, rng=False)
