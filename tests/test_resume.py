@@ -619,3 +619,17 @@ def test_without_a_process_group_or_arguments_a_process_is_rank_0_of_1(tmp_path)
     assert (ds.rank, ds.world_size) == (0, 1) and path == resume.path_for(str(tmp_path), 0)
     with pytest.raises(ValueError, match=r"^rank 1 is outside a world of 1 \(pass world_size="):
         resume.record({"w": [1]}, str(tmp_path), rank=1, rng=False)
+
+
+@pytest.mark.parametrize("now", [{"w": 1}, {"w": 1, "step": 5, "extra": 0}], ids=["an-item-missing", "an-item-unexpected"])
+def test_a_restore_that_only_lacks_or_only_adds_an_item_is_no_proof(tmp_path, monkeypatch, now):
+    """Every saved item restored with the same digest and nothing else: one item missing (nothing
+    differing) or one item more is a mismatch on its own."""
+    from ckptdoctor import resume
+    resume.record({"w": 1, "step": 5}, str(tmp_path), rank=0, world_size=1, rng=False)
+    monkeypatch.setattr(resume, "process_identity", lambda: {"host": "elsewhere", "pid": 1, "boot_id": "b",
+                                                             "start_time": "1"})  # stands for a new process
+    with pytest.raises(resume.ResumeMismatch) as ei:
+        resume.check(now, str(tmp_path), rank=0, rng=False)
+    assert (ei.value.differing, ei.value.missing, ei.value.unexpected) == \
+        (([], ["state/step"], []) if len(now) == 1 else ([], [], ["state/extra"]))
