@@ -759,3 +759,96 @@ def test_a_mapped_field_with_a_malformed_expression_is_a_one_line_usage_error(ne
     rc, out, err = cli("reconcile", "--map", "sampler.cursor=training_info.json:len(current_step", d)
     assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "field sampler.cursor" in err and "unclosed len(" in err, err
+
+
+@pytest.mark.parametrize("mode", ["shrink", "drop", "skip"])
+def test_a_reserve_under_any_mode_but_replace_is_an_error_whatever_the_mode_is_called(tmp_path, mode):
+    """Only on_dropped_prompt 'replace' consumes the reserve; any other mode ('drop' sorts before
+    'replace', 'skip' after) leaves its prompts unused."""
+    doc = state(reserve__prompts=3)
+    doc["config"]["on_dropped_prompt"] = mode
+    (hit,) = assert_fires(rec(write_state(tmp_path, doc)), "CKD307", severity="error")
+    assert hit.message.startswith(f"3 prompt(s) sit in the replacement reserve although on_dropped_prompt is {mode!r}")
+
+
+def test_a_mapped_length_then_more_terms_and_a_quoted_literal_evaluate_in_full():
+    from ckptdoctor.runstate.pathexpr import evaluate
+    assert evaluate({"g": [1, 2, 3], "b": 4}, "len(g) + b") == 7 and evaluate({"g": [1, 2]}, "len(g) - 1") == 1
+    assert evaluate({}, "'ready'") == "ready" and evaluate({}, "'in flight'") == "in flight"
+
+
+def test_fields_of_unpickled_records_are_followed_like_dict_keys():
+    """Profile paths reach into the records the safe unpickler builds (stand-ins with attributes),
+    as NeMo-RL's replay groups are, not only into dicts."""
+    from ckptdoctor.io.unpickle import Bag
+    from ckptdoctor.runstate.pathexpr import MISSING, get_path
+    b = Bag()
+    b.__dict__.update(sample_ids=[1, 2], inner={"x": 3})
+    assert get_path(b, "sample_ids") == [1, 2] and get_path(b, "inner.x") == 3 and get_path(b, "nope") is MISSING
+
+
+def test_prompts_of_diverted_batches_count_as_consumed_before_the_resume():
+    """With one batch diverted (its prompts handed to the reserve), batches below trainer + 1 are
+    consumed: a wrong repair that pulls batch 7 again duplicates its prompts too."""
+    r = simulate(SimInput(4, 1, 7, 7, 7, restored_with_ids(T7, 4, diverted=1), diverted=1))
+    assert r.duplicate_prompts == [28, 29, 30, 31, 32, 33, 34, 35], r.duplicate_prompts
+
+
+def test_more_ready_groups_than_a_step_needs_train_it_without_a_stall():
+    r = _sim(6, 7, [(7, None)] * 5)
+    assert r.trained[0] == {"step": 7, "restored": 4, "fresh": 0} and r.stalled_at is None
+
+
+@pytest.mark.parametrize("n", [0, -4])
+def test_no_prompts_per_step_is_refused_in_a_state_file_and_unknown_when_mapped(tmp_path, nemo, n):
+    """A step of 0 or fewer prompts is no count: a run-state file saying so is a one-line error
+    naming the field; a checkpoint's config saying so leaves it unknown (noted), so no rule and no
+    repair divides by it."""
+    from ckptdoctor.engine.errors import InputError
+    doc = state(c=6, a=8)
+    doc["config"]["num_prompts_per_step"] = n
+    with pytest.raises(InputError, match=rf"config\.num_prompts_per_step: expected positive int, got {n}$"):
+        rec(write_state(tmp_path, doc))
+    d = nemo(cursor=6, batches=8)
+    import yaml
+    cfg = yaml.safe_load(open(os.path.join(d, "config.yaml")))
+    cfg["grpo"]["num_prompts_per_step"] = n
+    with open(os.path.join(d, "config.yaml"), "w") as fh:
+        yaml.safe_dump(cfg, fh)
+    rep = rec(d)
+    assert rep.facts["repair"]["available"] is False and "a position is unknown (N," in rep.facts["repair"]["reason"], \
+        rep.facts["repair"]
+
+
+@pytest.mark.parametrize("source", ["derived (trainer.version - 1)", "derived(trainer.version - 1)", "saved"])
+def test_a_cursor_source_with_its_formula_is_accepted(tmp_path, source):
+    doc = state()
+    doc["sampler"]["cursor_source"] = source
+    rep = rec(write_state(tmp_path, doc))
+    assert rep.facts["positions"]["cursor"] == 6
+
+
+def test_a_map_override_without_a_file_name_is_a_usage_error(tmp_path):
+    rc, out, err = cli("reconcile", "--map", "sampler.cursor=:current_step", write_state(tmp_path, state()))
+    assert rc == 2 and "--map 'sampler.cursor=:current_step': expected FIELD=FILE:PATH" in err, err
+
+
+def test_a_run_state_file_one_byte_past_64_mib_is_refused_unread(tmp_path):
+    from ckptdoctor.engine.errors import InputError
+    p = tmp_path / "state.json"
+    with open(p, "wb") as fh:
+        fh.truncate((64 << 20) + 1)
+    with pytest.raises(InputError, match=rf"^{p}: larger than {64 << 20} bytes; not a run-state file$"):
+        rec(str(p))
+
+
+@needs_torch
+def test_a_mapped_file_that_cannot_be_read_is_named_with_the_systems_reason(nemo):
+    """CKD313: the file, and why in the system's words ("Permission denied"), not a Python repr."""
+    d = nemo(cursor=6, batches=7)
+    os.chmod(os.path.join(d, "training_info.json"), 0)
+    p = subprocess.run(as_unprivileged() + [sys.executable, "-m", "ckptdoctor", "reconcile", "-f", "json", d],
+                       capture_output=True, text=True, timeout=120)
+    hits = [f for f in json.loads(p.stdout)["findings"] if f["rule"] == "CKD313"]
+    assert [h["message"] for h in hits] == ["cannot read: Permission denied"], (hits, p.stderr)
+    assert hits[0]["path"].endswith("training_info.json")

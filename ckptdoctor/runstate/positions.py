@@ -44,7 +44,7 @@ class Positions:
     def sim_input(self, cursor: int | None = None, steps: int = 4) -> SimInput | None:
         """None when a position the model needs is unknown."""
         c = self.c if cursor is None else cursor
-        if None in (self.n, self.lookahead, self.t, c, self.a) or self.n <= 0:
+        if None in (self.n, self.lookahead, self.t, c, self.a):   # n > 0: the schema refuses other counts
             return None
         pairs = [(g["target_step"], g.get("prompt_id")) for g in self.rs.groups
                  if g.get("target_step") is not None]

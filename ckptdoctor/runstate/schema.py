@@ -17,9 +17,10 @@ from ..engine.errors import InputError
 SCHEMA = "ckptdoctor.run_state/v1"
 
 INT, STR, BOOL, LIST = "int", "str", "bool", "list"
+COUNT = "positive int"   # a per-step count: 0 or less is no count at all (the simulation divides by it)
 FIELDS: dict[str, dict[str, str]] = {
     "source": {"framework": STR, "profile": STR, "checkpoint": STR},
-    "config": {"num_prompts_per_step": INT, "group_size": INT, "sampler": STR,
+    "config": {"num_prompts_per_step": COUNT, "group_size": COUNT, "sampler": STR,
                "max_lookahead_versions": INT, "max_staleness_versions": INT, "buffer_capacity": INT,
                "on_dropped_prompt": STR, "replacement_reserve_prompts": INT, "batches_per_epoch": INT},
     "trainer": {"step": INT, "version": INT, "epoch": INT, "consumed_prompts": INT},
@@ -98,9 +99,10 @@ def _typed(value: Any, kind: str | None, where: str) -> Any:
     if value is None or kind is None:
         return value
     ok = {INT: lambda v: isinstance(v, int) and not isinstance(v, bool),
+          COUNT: lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
           STR: lambda v: isinstance(v, str), BOOL: lambda v: isinstance(v, bool),
           LIST: lambda v: isinstance(v, list)}[kind]
-    if kind == INT and isinstance(value, float) and value.is_integer():
+    if kind in (INT, COUNT) and isinstance(value, float) and value.is_integer():
         value = int(value)
     if not ok(value):
         raise InputError(f"{where}: expected {kind}, got {json.dumps(value, default=str)[:60]}")
@@ -127,7 +129,7 @@ def normalize(raw: dict, origin: str) -> RunState:
         doc[sec]["groups"] = [_group(g, f"{origin}: {sec}.groups[{i}]")
                               for i, g in enumerate(doc[sec]["groups"] or [])]
     cs = doc["sampler"]["cursor_source"]
-    if cs is not None and cs.split("(")[0] not in CURSOR_SOURCES:
+    if cs is not None and cs.split("(")[0].strip() not in CURSOR_SOURCES:   # "derived (trainer.version - 1)"
         raise InputError(f"{origin}: sampler.cursor_source {cs!r}: use one of {', '.join(CURSOR_SOURCES)}")
     prov = raw.get("provenance") or {}
     if not isinstance(prov, dict):
