@@ -637,6 +637,10 @@ def test_a_repair_is_offered_for_a_cursor_inside_the_gate_window_edges_included(
     rep = rec(write_state(tmp_path, state(c=c, a=a, targets=targets)))
     assert rep.facts["repair"]["available"] is (new is not None) and rep.facts["repair"]["new_cursor"] == new, \
         rep.facts["repair"]
+    if new is not None:   # trainer 8: the window is [7, 9]
+        rep = rec(write_state(tmp_path, state(c=c + 1, a=a + 1, targets=tuple(t + 1 for t in targets),
+                                              trainer__step=8, trainer__version=8)))
+        assert rep.facts["repair"]["new_cursor"] == new + 1, rep.facts["repair"]
 
 
 def test_a_dataloader_ahead_of_an_odd_cursor_says_which_batch_the_cursor_expects(tmp_path):
@@ -852,3 +856,61 @@ def test_a_mapped_file_that_cannot_be_read_is_named_with_the_systems_reason(nemo
     hits = [f for f in json.loads(p.stdout)["findings"] if f["rule"] == "CKD313"]
     assert [h["message"] for h in hits] == ["cannot read: Permission denied"], (hits, p.stderr)
     assert hits[0]["path"].endswith("training_info.json")
+
+
+@pytest.mark.parametrize("expr", ["a $ b", "a + ?", "len(a", "(a)"])
+def test_an_expression_that_cannot_be_parsed_is_a_path_error(expr):
+    from ckptdoctor.runstate.pathexpr import PathError, evaluate
+    with pytest.raises(PathError):
+        evaluate({"a": [1]}, expr)
+
+
+def test_a_length_followed_directly_by_an_operator_is_evaluated_in_full():
+    from ckptdoctor.runstate.pathexpr import evaluate
+    assert evaluate({"g": [1, 2, 3], "b": 4}, "len(g)+b") == 7 and evaluate({"g": [1, 2, 3]}, "len(g)-1") == 2
+
+
+def test_groups_restored_for_a_later_step_do_not_fill_an_earlier_one():
+    """Step 7 has no restored group, step 8 has four: the pump dispatches a full batch for step 7."""
+    r = _sim(6, 7, [(8, None)] * 4)
+    assert _row(r, 7) == (7, 4, 0, 0, 0) and r.stalled_at is None
+
+
+def test_a_rollout_latency_of_hundreds_of_ticks_still_completes_its_groups():
+    r = simulate(SimInput(4, 1, 7, 6, 7, restored_with_ids(T7, 4), steps=3, latency=300, stall_ticks=1000))
+    assert r.stalled_at is None and [t["step"] for t in r.trained] == [7, 8, 9], (r.stalled_at, r.trained)
+
+
+def test_a_provenance_without_a_colon_is_a_whole_file():
+    from ckptdoctor.runstate.schema import Provenance
+    assert Provenance.parse("training_info.json") == Provenance("file", "training_info.json", None)
+
+
+def test_a_shrink_mode_run_without_a_reserve_is_silent_even_with_the_dataloader_behind(tmp_path):
+    doc = state(c=8, a=7, targets=(7,) * 4, reserve__prompts=0)
+    doc["trainer"].update(step=8, version=8)
+    assert "CKD307" not in rec(write_state(tmp_path, doc)).rules()
+
+
+@pytest.mark.parametrize("c, said", [(6, True), (7, False), (8, False)])
+def test_a_buffer_captured_after_the_cursor_is_noted_only_when_it_ran_ahead_of_it(tmp_path, c, said):
+    """Separate awaits in the save path: a note only when the buffer holds targets past the cursor."""
+    doc = state(c=c, a=c + 1, targets=(7,) * 4, capture__buffer_with_cursor=False)
+    hits = [f for f in rec(write_state(tmp_path, doc)).findings if "captured after the cursor" in f.message]
+    assert bool(hits) is said, [h.message for h in hits]
+
+
+@needs_torch
+def test_a_run_roots_steps_are_its_step_directories(nemo):
+    nemo(step=6, cursor=5, batches=6, targets=(6,) * 4)
+    d = nemo(step=7, cursor=6, batches=7, status_step=7)
+    os.makedirs(os.path.join(os.path.dirname(d), "logs"))
+    rc, out, err = cli("reconcile", "--show-state", os.path.dirname(d))
+    doc = json.loads(out)
+    assert doc["run"]["steps"] == [6, 7] and doc["run"]["latest_status_step"] == 7, doc["run"]
+    assert "CKD311" not in {f.rule for f in rec(os.path.dirname(d)).findings}
+
+
+def test_a_negative_number_where_a_term_is_expected_stays_negative():
+    from ckptdoctor.runstate.pathexpr import evaluate
+    assert evaluate({"a": 3}, "-1") == -1 and evaluate({"a": 3}, "a + -1") == 2 and evaluate({"a": 3}, "a - -1") == 4

@@ -633,3 +633,29 @@ def test_a_restore_that_only_lacks_or_only_adds_an_item_is_no_proof(tmp_path, mo
         resume.check(now, str(tmp_path), rank=0, rng=False)
     assert (ei.value.differing, ei.value.missing, ei.value.unexpected) == \
         (([], ["state/step"], []) if len(now) == 1 else ([], [], ["state/extra"]))
+
+
+def test_a_layout_read_back_from_its_file_is_the_same_layout():
+    """A sharded digest's layout from the saved JSON against the one computed now: equal text is the
+    same layout (only the bytes differ), whatever string objects hold it."""
+    from ckptdoctor import resume
+    offs = [[0, 0], [2, 0]]
+    saved = resume.Digest.from_json(json.loads(json.dumps(
+        resume.Digest("sharded", "a", "torch.float32", (4, 3), f"local shards at {offs}").to_json())))
+    now = resume.Digest("sharded", "b", "torch.float32", (4, 3), "local shards at " + str(offs))
+    assert saved.describe(now) == "bytes differ"
+
+
+def test_check_compares_the_rng_streams_by_default(tmp_path, monkeypatch):
+    """A restore that forgot the RNG state is no proof unless the caller opts out (rng=False)."""
+    import random
+    from ckptdoctor import resume
+    random.seed(1)
+    resume.record({"w": 1}, str(tmp_path), rank=0, world_size=1)
+    monkeypatch.setattr(resume, "process_identity", lambda: {"host": "elsewhere", "pid": 1, "boot_id": "b",
+                                                             "start_time": "1"})  # stands for a new process
+    random.seed(2)
+    with pytest.raises(resume.ResumeMismatch) as ei:
+        resume.check({"w": 1}, str(tmp_path), rank=0)
+    assert "rng/python" in ei.value.differing
+    resume.check({"w": 1}, str(tmp_path), rank=0, rng=False)

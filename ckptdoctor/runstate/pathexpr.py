@@ -75,7 +75,11 @@ def evaluate(obj: Any, expr: str, lookup=None) -> Any:
             ops.append(m.group("op"))
             continue
         if m.group("num") is not None:
-            terms.append(int(m.group("num")))
+            num = m.group("num")
+            if num.startswith("-") and len(terms) == len(ops):   # after a term, `len(g)-1` subtracts
+                ops.append("-")
+                num = num[1:]
+            terms.append(int(num))
         elif m.group("str") is not None:
             terms.append(m.group("str")[1:-1])
         elif m.group("len"):
