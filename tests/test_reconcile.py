@@ -914,3 +914,28 @@ def test_a_run_roots_steps_are_its_step_directories(nemo):
 def test_a_negative_number_where_a_term_is_expected_stays_negative():
     from ckptdoctor.runstate.pathexpr import evaluate
     assert evaluate({"a": 3}, "-1") == -1 and evaluate({"a": 3}, "a + -1") == 2 and evaluate({"a": 3}, "a - -1") == 4
+
+
+def test_a_whole_float_for_an_integer_field_is_that_integer(tmp_path):
+    """Some tools write every JSON number as a float: 7.0 for a step is step 7; 7.5 is refused."""
+    from ckptdoctor.engine.errors import InputError
+    doc = state()
+    doc["trainer"]["version"] = 7.0
+    doc["config"]["num_prompts_per_step"] = 4.0
+    rep = rec(write_state(tmp_path, doc))
+    assert rep.facts["positions"]["trainer_version"] == 7 and "CKD313" not in rep.rules()
+    doc["trainer"]["version"] = 7.5
+    with pytest.raises(InputError, match=r"trainer\.version: expected int, got 7\.5$"):
+        rec(write_state(tmp_path, doc))
+
+
+@needs_torch
+@pytest.mark.parametrize("missing, source", [("sampler_dispatch_index", "derived"), ("trainer_version", "saved")])
+def test_only_a_cursor_taken_from_its_fallback_is_marked_derived(nemo, missing, source):
+    d = nemo(cursor=6, batches=7)
+    p = os.path.join(d, "training_info.json")
+    info = json.load(open(p))
+    del info[missing]
+    json.dump(info, open(p, "w"))
+    rc, out, err = cli("reconcile", "--show-state", d)
+    assert json.loads(out)["sampler"]["cursor_source"] == source, out

@@ -659,3 +659,15 @@ def test_check_compares_the_rng_streams_by_default(tmp_path, monkeypatch):
         resume.check({"w": 1}, str(tmp_path), rank=0)
     assert "rng/python" in ei.value.differing
     resume.check({"w": 1}, str(tmp_path), rank=0, rng=False)
+
+
+@pytest.mark.parametrize("says", [0, 2])
+def test_a_rank_file_that_says_another_rank_is_unreadable_whichever_way_it_is_off(tmp_path, says):
+    from ckptdoctor import resume
+    ck = _dcp_checkpoint(tmp_path / "ck")
+    resume.record({"w": [1]}, str(ck), rank=0, world_size=3, rng=False)
+    resume.record({"w": [1]}, str(ck), rank=2, world_size=3, rng=False)
+    src = resume.path_for(str(ck), says)
+    os.replace(src, resume.path_for(str(ck), 1))   # rank 1's file holds rank 0's or rank 2's digests
+    hits = [h for h in assert_fires(api.verify(str(ck)), "CKD501", severity="error") if "rank_00001.json" in h.path]
+    assert hits and hits[0].message.endswith(f"rank_00001.json: says rank {says}"), [h.message for h in hits]
