@@ -939,3 +939,54 @@ def test_only_a_cursor_taken_from_its_fallback_is_marked_derived(nemo, missing, 
     json.dump(info, open(p, "w"))
     rc, out, err = cli("reconcile", "--show-state", d)
     assert json.loads(out)["sampler"]["cursor_source"] == source, out
+
+
+def _at8(**kw):
+    doc = state(**kw)
+    doc["trainer"].update(step=8, version=8)
+    return doc
+
+
+def test_the_prompts_at_risk_count_batches_from_an_odd_cursor_either_way(tmp_path):
+    """CKD303 counts batches between the dataloader and the cursor + 1, for an odd cursor too, and
+    times them by the prompts per step (2 batches of 4 = 8 prompts)."""
+    (hit,) = assert_fires(rec(write_state(tmp_path, _at8(c=7, a=10, targets=(8,) * 4))), "CKD303", severity="error")
+    assert hit.message.startswith("dataloader is 2 batch(es) ahead of the sampler cursor (batches_total 10, cursor 7)"
+                                  ": the next batch pulled (10) is stamped step 8, so 8 prompt(s) are skipped"), hit.message
+    (hit,) = assert_fires(rec(write_state(tmp_path, _at8(c=9, a=8, targets=(8,) * 4))), "CKD303", severity="warning")
+    assert hit.message.startswith("dataloader is 2 batch(es) behind the sampler cursor (batches_total 8, cursor 9): "
+                                  "re-yielded batches get new stamps and their buffered twins (8 prompt(s))"), hit.message
+
+
+def test_a_replace_mode_reserve_counts_the_prompts_pulled_beyond_an_odd_cursor(tmp_path):
+    doc = _at8(c=7, a=16, targets=(8,) * 4, reserve__prompts=33)
+    doc["config"]["on_dropped_prompt"] = "replace"
+    (hit,) = assert_fires(rec(write_state(tmp_path, doc)), "CKD307", severity="warning")
+    assert hit.message == "replacement reserve holds 33 prompt(s), more than the 32 the dataloader pulled beyond the cursor"
+
+
+def test_targets_ahead_of_the_cursor_are_lost_only_when_the_dataloader_is_ahead(tmp_path):
+    """CKD301: with the dataloader behind or level with the cursor the re-stamped prompts are
+    duplicates (a warning), never "LOST"; one batch or more ahead of cursor + 1, they are lost (an
+    error).  Behind is not called agreeing."""
+    for a, said in ((6, "the dataloader is behind the cursor (cursor+1 = 7; "), (7, "the dataloader agrees with"),
+                    (8, "are LOST")):
+        doc = state(c=6, a=a, targets=(7,) * 4 + (8,) * 4)
+        (hit,) = assert_fires(rec(write_state(tmp_path, doc)), "CKD301", severity="error" if a == 8 else "warning")
+        assert said in hit.message, (a, hit.message)
+
+
+def test_a_group_size_mismatch_names_the_first_offending_group(tmp_path):
+    doc = state()
+    doc["buffer"]["groups"][1]["size"] = 6
+    doc["buffer"]["groups"][3]["size"] = 5
+    (hit,) = assert_fires(rec(write_state(tmp_path, doc)), "CKD312", severity="error")
+    assert hit.message == "2 buffered group(s) have a size other than the configured group size 8 (e.g. 6)"
+
+
+def test_a_run_past_step_256_simulates_like_any_other():
+    """Step numbers are compared by value: at trainer 1000 (past CPython's small-int cache) an
+    aligned resume trains its restored step."""
+    r = simulate(SimInput(4, 1, 1000, 999, 1000, restored_with_ids([(1000, None)] * 4, 4), steps=3))
+    assert r.stalled_at is None and [t["step"] for t in r.trained] == [1000, 1001, 1002], r.stalled_at
+    assert r.trained[0] == {"step": 1000, "restored": 4, "fresh": 0}

@@ -671,3 +671,21 @@ def test_a_rank_file_that_says_another_rank_is_unreadable_whichever_way_it_is_of
     os.replace(src, resume.path_for(str(ck), 1))   # rank 1's file holds rank 0's or rank 2's digests
     hits = [h for h in assert_fires(api.verify(str(ck)), "CKD501", severity="error") if "rank_00001.json" in h.path]
     assert hits and hits[0].message.endswith(f"rank_00001.json: says rank {says}"), [h.message for h in hits]
+
+
+def test_numpy_scalars_are_digested_like_the_python_values_they_hold():
+    np = pytest.importorskip("numpy")
+    from ckptdoctor import resume
+    assert resume.digest_state({"a": np.int64(3), "b": np.float32(1.5), "c": np.bool_(True)}) == \
+        resume.digest_state({"a": 3, "b": 1.5, "c": True})
+
+
+def test_only_the_very_same_process_is_refused_as_proof_not_one_that_sorts_after_it(tmp_path, monkeypatch):
+    """Same host, pid, boot and start time: the saving process itself.  Any field different (here all
+    smaller than the saver's) is another process, allowed."""
+    from ckptdoctor import resume
+    resume.record({"w": 1}, str(tmp_path), rank=0, world_size=1, rng=False)
+    with pytest.raises(resume.NotAProof):
+        resume.check({"w": 1}, str(tmp_path), rank=0, rng=False)
+    monkeypatch.setattr(resume, "process_identity", lambda: {"host": "", "pid": 0, "boot_id": "", "start_time": ""})
+    resume.check({"w": 1}, str(tmp_path), rank=0, rng=False)

@@ -57,7 +57,9 @@ def cursor_behind_buffer(v, eng):
                   f"cursor+1 = {p.c + 1}), so they are fresh prompts and are LOST", severity="error",
                   details=det, hint="see CKD303 for the repair")
     else:
-        yield Hit(_at(v, "sampler.cursor"), base + f"; the dataloader agrees with the cursor (batches_total "
+        where = ("agrees with the cursor" if p.a == p.c + 1 else
+                 f"is behind the cursor (cursor+1 = {p.c + 1}; CKD303 counts what it re-yields)")
+        yield Hit(_at(v, "sampler.cursor"), base + f"; the dataloader {where} (batches_total "
                   f"{p.a}), so the drop deduplicates the buffered groups by count (prompt identity is not "
                   f"recorded, so it cannot be checked)", severity="warning", details=det,
                   hint="do not raise the cursor to the buffer target: that would train a batch twice")
