@@ -990,3 +990,32 @@ def test_a_run_past_step_256_simulates_like_any_other():
     r = simulate(SimInput(4, 1, 1000, 999, 1000, restored_with_ids([(1000, None)] * 4, 4), steps=3))
     assert r.stalled_at is None and [t["step"] for t in r.trained] == [1000, 1001, 1002], r.stalled_at
     assert r.trained[0] == {"step": 1000, "restored": 4, "fresh": 0}
+
+
+def test_a_repair_that_also_removes_duplicates_is_offered(tmp_path):
+    """Cursor 6, dataloader 8, groups for steps 7 and 9: as saved, 8 prompts are lost and 4 trained
+    twice; the cursor at 7 loses none and duplicates none -- fewer duplicates is no reason to refuse."""
+    rep = rec(write_state(tmp_path, state(c=6, a=8, targets=(7,) * 4 + (9,) * 4)))
+    assert rep.facts["repair"] == {"available": True, "new_cursor": 7,
+                                   "reason": "align the cursor to the dataloader: 6 -> 7"}, rep.facts["repair"]
+
+
+@pytest.mark.parametrize("d1, d2", [("a" * 64, "b" * 64), ("b" * 64, "a" * 64)])
+def test_a_data_plane_digest_other_than_the_replay_files_is_an_error_either_way(tmp_path, d1, d2):
+    doc = state(data_plane__manifest_digest=d1, buffer__manifest_digest=d2)
+    (hit,) = assert_fires(rec(write_state(tmp_path, doc)), "CKD308", severity="error")
+    assert hit.message.startswith(f"data-plane manifest digest {d1[:16]} differs from the replay file's {d2[:16]}")
+
+
+def test_an_unknown_capture_order_is_not_noted_as_a_buffer_captured_after_the_cursor(tmp_path):
+    rep = rec(write_state(tmp_path, state(c=6, a=7, targets=(7,) * 4)))
+    assert not [f for f in rep.findings if "captured after the cursor" in f.message]
+
+
+@pytest.mark.parametrize("bie, said", [(7, True), (8, False), (6, False)])
+def test_only_a_dataloader_saved_exactly_at_its_epochs_end_is_the_epoch_boundary_case(tmp_path, bie, said):
+    doc = state()
+    doc["config"]["batches_per_epoch"] = 7
+    doc["dataloader"].update(batches_in_epoch=bie, iterator_finished=False)
+    hits = [f for f in rec(write_state(tmp_path, doc)).findings if f.rule == "CKD310"]
+    assert bool(hits) is said, [h.message for h in hits]

@@ -497,6 +497,22 @@ def test_digests_diff_says_what_differs_and_what_is_only_on_either_side_and_noth
     hits = {f["details"]["rank"]: f["message"] for f in assert_fires_json(json.loads(out), "CKD502")}
     assert hits == {0: f"rank 0: 1 differ: state/w (bytes differ); 1 only in {a}: state/gone; 1 only in {b}: state/new",
                     1: "rank 1: 1 differ: state/w (bytes differ)"}, hits
+    resume.record({"w": torch.ones(3), "gone": 1}, a, rank=1, world_size=2, rng=False)    # only lacks one item
+    resume.record({"w": torch.ones(3)}, b, rank=1, world_size=2, rng=False)
+    rc, out, err = cli("digests", "diff", a, b, "-f", "json")
+    hits = {f["details"]["rank"]: f["message"] for f in assert_fires_json(json.loads(out), "CKD502")}
+    assert hits[1] == f"rank 1: 1 only in {a}: state/gone", hits
+
+
+def test_digests_diff_names_a_rank_recorded_on_one_side_only(tmp_path):
+    from ckptdoctor import resume
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    for r in (0, 1):
+        resume.record({"w": 1}, a, rank=r, world_size=2, rng=False)
+    resume.record({"w": 1}, b, rank=0, world_size=2, rng=False)
+    rc, out, err = cli("digests", "diff", a, b, "-f", "json")
+    (hit,) = assert_fires_json(json.loads(out), "CKD502")
+    assert rc == 1 and hit["message"] == f"rank 1 has digests only in {a}" and hit["details"]["only_in"] == a, hit
 
 
 def test_a_digest_read_back_from_its_file_says_bytes_differ_when_only_the_bytes_do(tmp_path):
