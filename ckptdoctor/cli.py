@@ -511,8 +511,6 @@ def reconcile(
     Read-only unless --fix."""
     _logging(quiet, debug)
     from .commands import reconcile as flow
-    if steps < 1 or steps > 10_000:
-        raise UsageError("--steps must be between 1 and 10000")
     if fix_output and not fix:
         raise UsageError("--fix-output only makes sense with --fix")
     if show_state:

@@ -1019,3 +1019,29 @@ def test_only_a_dataloader_saved_exactly_at_its_epochs_end_is_the_epoch_boundary
     doc["dataloader"].update(batches_in_epoch=bie, iterator_finished=False)
     hits = [f for f in rec(write_state(tmp_path, doc)).findings if f.rule == "CKD310"]
     assert bool(hits) is said, [h.message for h in hits]
+
+
+def test_in_flight_groups_keep_their_prompt_ids_in_the_simulation(tmp_path):
+    """Persisted in-flight groups with prompt ids 28-31 (batch 7's): the dataloader's batch 7 is
+    their duplicate, deduplicated, not lost."""
+    doc = state(c=6, a=7, targets=())
+    doc["inflight"] = {"persisted": True, "groups": [
+        {"target_step": 7, "status": "inflight", "size": 8, "start_version": 6, "prompt_id": 28 + i} for i in range(4)]}
+    sim = rec(write_state(tmp_path, doc), simulate=True).facts["simulation"]
+    assert sim["lost_prompts"] == [] and sim["steps"][0] == {"step": 7, "batch": 7, "dispatched": 0, "dropped": 4,
+                                                              "dedupe": 4, "lost": 0}, sim
+
+
+def test_buffer_targets_below_the_cursor_are_not_ahead_of_it(tmp_path):
+    rep = rec(write_state(tmp_path, _at8(c=8, a=9, targets=(7,) * 4)))
+    assert "CKD301" not in rep.rules(), [(f.rule, f.message) for f in rep.findings]
+
+
+@pytest.mark.parametrize("steps", [0, -3, 10_001])
+def test_steps_to_simulate_outside_1_to_10000_are_refused_by_the_cli_and_the_api(tmp_path, steps):
+    from ckptdoctor.engine.errors import UsageError
+    path = write_state(tmp_path, state())
+    with pytest.raises(UsageError, match=r"^--steps must be between 1 and 10000$"):
+        api.reconcile(path, steps=steps)
+    rc, out, err = cli("reconcile", path, "--steps", str(steps))
+    assert rc == 2 and err.strip() == "ckptdoctor: --steps must be between 1 and 10000", err

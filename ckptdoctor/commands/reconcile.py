@@ -53,6 +53,8 @@ class ReconcileView:
 
 
 def load(location: str, profile: str | None, maps: list[str], steps: int = 4) -> ReconcileView:
+    if type(steps) is not int or not 1 <= steps <= 10_000:   # the CLI and the API alike (0 or less: no simulation)
+        raise UsageError("--steps must be between 1 and 10000")
     overrides = prof.parse_overrides(maps or [])
     if profile and profile not in prof.profiles():
         raise UsageError(f"--profile {profile!r}: known profiles: {', '.join(prof.profiles())}")

@@ -60,10 +60,6 @@ class SimResult:
     final: dict
     trained: list = field(default_factory=list)  # per trained step: from restored groups / fresh
 
-    @property
-    def safe(self) -> bool:
-        return not (self.lost_prompts or self.duplicate_prompts or self.stalled_at or self.lost_at_save)
-
     def to_json(self) -> dict:
         return {"steps": [r.to_json() for r in self.rows], "lost_prompts": self.lost_prompts,
                 "lost_at_save": self.lost_at_save, "duplicate_prompts": self.duplicate_prompts,
