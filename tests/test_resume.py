@@ -705,3 +705,19 @@ def test_only_the_very_same_process_is_refused_as_proof_not_one_that_sorts_after
         resume.check({"w": 1}, str(tmp_path), rank=0, rng=False)
     monkeypatch.setattr(resume, "process_identity", lambda: {"host": "", "pid": 0, "boot_id": "", "start_time": ""})
     resume.check({"w": 1}, str(tmp_path), rank=0, rng=False)
+
+
+def test_a_shape_change_names_both_shapes():
+    from ckptdoctor import resume
+    saved = resume.Digest("tensor", "a", "torch.float32", (2, 3))
+    assert saved.describe(resume.Digest("tensor", "b", "torch.float32", (3, 2))) == "shape [3, 2] now, [2, 3] when saved"
+    assert resume.Digest("tensor", "a", "torch.float32", None).describe(saved) == "shape [2, 3] now, [] when saved"
+
+
+def test_the_cuda_stream_is_not_recorded_when_only_other_streams_are_asked_for(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from ckptdoctor import resume
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [torch.zeros(8, dtype=torch.uint8)])
+    assert list(resume.rng_state(("torch_cpu",))) == ["torch_cpu"]
