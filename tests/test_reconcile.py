@@ -858,11 +858,17 @@ def test_a_mapped_file_that_cannot_be_read_is_named_with_the_systems_reason(nemo
     assert hits[0]["path"].endswith("training_info.json")
 
 
-@pytest.mark.parametrize("expr", ["a $ b", "a + ?", "len(a", "(a)"])
+@pytest.mark.parametrize("expr", ["a $ b", "a + ?", "len(a", "(a)", "a +", "a + a -"])
 def test_an_expression_that_cannot_be_parsed_is_a_path_error(expr):
     from ckptdoctor.runstate.pathexpr import PathError, evaluate
     with pytest.raises(PathError):
         evaluate({"a": [1]}, expr)
+
+
+def test_a_parse_error_quotes_the_expression_from_where_it_stopped():
+    from ckptdoctor.runstate.pathexpr import PathError, evaluate
+    with pytest.raises(PathError, match=r"^cannot parse path expression '\$a \+ b' at '\$a \+ b'$"):
+        evaluate({}, "$a + b")
 
 
 def test_a_length_followed_directly_by_an_operator_is_evaluated_in_full():
@@ -1045,3 +1051,31 @@ def test_steps_to_simulate_outside_1_to_10000_are_refused_by_the_cli_and_the_api
         api.reconcile(path, steps=steps)
     rc, out, err = cli("reconcile", path, "--steps", str(steps))
     assert rc == 2 and err.strip() == "ckptdoctor: --steps must be between 1 and 10000", err
+
+
+
+def test_a_repair_that_would_stall_the_trainer_is_refused(tmp_path):
+    """One batch diverted, cursor 6, dataloader 9: as saved, 4 prompts are lost; the cursor at 8
+    loses none but leaves step 8 with no group at all -- a stall, so no repair is offered."""
+    doc = state(c=6, a=9, targets=(7,) * 4, dataloader__diverted_batches=1)
+    rep = rec(write_state(tmp_path, doc))
+    assert rep.facts["repair"]["available"] is False and "or a stall" in rep.facts["repair"]["reason"]
+    after = simulate(SimInput(4, 1, 7, 8, 9, restored_with_ids(T7, 4, diverted=1), diverted=1))
+    assert after.stalled_at == {"step": 8, "have": 0, "need": 4} and after.lost_prompts == []
+
+
+def test_a_state_files_groups_are_type_checked_like_its_fields(tmp_path):
+    from ckptdoctor.engine.errors import InputError
+    doc = state()
+    doc["buffer"]["groups"][0]["target_step"] = 7.5
+    with pytest.raises(InputError, match=r"buffer\.groups\[0\]\.target_step: expected int, got 7\.5$"):
+        rec(write_state(tmp_path, doc))
+
+
+def test_buffered_groups_with_the_trainer_step_unknown_are_not_judged_against_it(tmp_path):
+    doc = state()
+    doc["trainer"] = {"step": None, "version": None, "epoch": 0}
+    rep = rec(write_state(tmp_path, doc))
+    rules = rep.rules()
+    assert "CKD305" not in rules and "CKD314" in rules and not {r for r in rules if r.startswith("CKD9")}, \
+        [(f.rule, f.message) for f in rep.findings]   # CKD9xx: a rule that crashed
