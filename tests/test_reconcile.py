@@ -1079,3 +1079,32 @@ def test_buffered_groups_with_the_trainer_step_unknown_are_not_judged_against_it
     rules = rep.rules()
     assert "CKD305" not in rules and "CKD314" in rules and not {r for r in rules if r.startswith("CKD9")}, \
         [(f.rule, f.message) for f in rep.findings]   # CKD9xx: a rule that crashed
+
+
+def test_a_stall_is_found_after_hundreds_of_idle_ticks_too():
+    r = simulate(SimInput(4, 1, 7, 7, 8, restored_with_ids([(7, None)] * 2, 4), stall_ticks=300))
+    assert r.stalled_at == {"step": 7, "have": 2, "need": 4}
+
+
+def test_an_aligned_run_past_step_256_is_not_offered_a_repair(tmp_path):
+    doc = state(c=999, a=1000, targets=(1000,) * 4)
+    doc["trainer"].update(step=1000, version=1000)
+    rep = rec(write_state(tmp_path, doc))
+    assert rep.facts["repair"]["reason"] == "cursor and dataloader agree; raising the cursor would train a batch twice"
+
+
+@pytest.mark.parametrize("mode, admitted", [("shrink", 7), ("drop", 7), ("replace", None)])
+def test_only_replace_mode_needs_the_diverted_batches_to_place_the_dataloader(tmp_path, mode, admitted):
+    """Without diverted_batches, any mode but 'replace' diverts nothing (admitted = batches_total);
+    in replace mode the dataloader's position is unknown."""
+    doc = state()
+    doc["config"]["on_dropped_prompt"] = mode
+    assert rec(write_state(tmp_path, doc)).facts["positions"]["dataloader_admitted"] == admitted
+
+
+@pytest.mark.parametrize("given, shown", [(None, "saved"), ("derived", "derived")])
+def test_a_state_files_cursor_without_a_source_is_a_saved_one_and_a_given_source_is_kept(tmp_path, given, shown):
+    doc = state()
+    doc["sampler"]["cursor_source"] = given
+    rc, out, err = cli("reconcile", "--show-state", write_state(tmp_path, doc))
+    assert rc == 0 and json.loads(out)["sampler"]["cursor_source"] == shown, out + err
