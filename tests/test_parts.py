@@ -626,3 +626,20 @@ def test_a_staging_touched_by_a_clock_ahead_of_ours_is_zero_seconds_old_never_ne
     os.utime(st / "parts" / "0.json", (now + 0.6, now + 0.6))
     assert staging_age(str(st)) == 0.0
     assert staging_age(str(tmp_path / "absent")) is None
+
+
+def test_a_conflict_names_the_part_that_placed_that_very_file(tmp_path):
+    """The writer of a file is the part whose journal says it placed that file -- not the first
+    part that placed any file sorting after it (part 0 placed its shards, part 1 the .metadata)."""
+    from ckptdoctor.publishing import parts as P
+    st = [P.LocalParts(str(tmp_path), NAME, P.PartSpec.parse(f"{k}/2", "jw")) for k in range(2)]
+    os.makedirs(os.path.join(st[0].dir, "journal"))
+    os.makedirs(os.path.join(st[0].dir, "alive"))
+    (tmp_path / os.path.relpath(st[1].dir, tmp_path) / "alive" / "1").write_text("nodeB 123 1\n")
+    rec = lambda wrote: P.FileRecord(10, ["x"], 0, wrote)  # noqa: E731
+    st[0].journal_add("__0_0.distcp", rec(True))
+    st[0].journal_add("zz_extra.bin", rec(True))
+    st[1].journal_add(".metadata", rec(True))
+    st[0].journal_add(".metadata", rec(False))      # part 0 found it in place and compared
+    assert st[0].writer_of(".metadata") == "part 1 (nodeB)"
+    assert st[1].writer_of("__0_0.distcp") == "part 0 (host unknown)" and st[0].writer_of("absent") is None
