@@ -123,6 +123,10 @@ def test_run_state_schema_matches_what_reconcile_reads(tmp_path):
     state["trainer"]["steps"] = 3
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(state, schema)
+    del state["trainer"]["steps"]
+    state["config"]["num_prompts_per_step"] = 0     # a count: reconcile refuses 0, so does the schema
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(state, schema)
 
 
 # ---- output that survives where it is read ------------------------------------------------------------

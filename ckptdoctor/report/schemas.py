@@ -11,7 +11,8 @@ if TYPE_CHECKING:
 from ..engine.finding import SEVERITIES
 
 _NULLABLE = {"int": {"type": ["integer", "null"]}, "str": {"type": ["string", "null"]},
-             "bool": {"type": ["boolean", "null"]}, "list": {"type": ["array", "null"]}}
+             "bool": {"type": ["boolean", "null"]}, "list": {"type": ["array", "null"]},
+             "positive int": {"type": ["integer", "null"], "minimum": 1}}   # runstate.schema.COUNT
 
 
 def report() -> dict[str, Any]:
