@@ -10,11 +10,6 @@ if TYPE_CHECKING:
 
 from ..engine.finding import SEVERITIES
 
-_NULLABLE = {"int": {"type": ["integer", "null"]}, "str": {"type": ["string", "null"]},
-             "bool": {"type": ["boolean", "null"]}, "list": {"type": ["array", "null"]},
-             "positive int": {"type": ["integer", "null"], "minimum": 1}}   # runstate.schema.COUNT
-
-
 def report() -> dict[str, Any]:
     from ..engine.catalog import catalog
     finding = {"type": "object", "additionalProperties": False,
@@ -51,14 +46,17 @@ def report() -> dict[str, Any]:
 
 
 def run_state() -> dict[str, Any]:
-    from ..runstate.schema import FIELDS, GROUP_FIELDS, SCHEMA, STATUSES
+    from ..runstate.schema import BOOL, COUNT, FIELDS, GROUP_FIELDS, INT, LIST, SCHEMA, STATUSES, STR
+    nullable = {INT: {"type": ["integer", "null"]}, COUNT: {"type": ["integer", "null"], "minimum": 1},
+                 STR: {"type": ["string", "null"]}, BOOL: {"type": ["boolean", "null"]},
+                 LIST: {"type": ["array", "null"]}}   # keyed by the kinds the reader checks, so they cannot drift
     group = {"type": "object", "additionalProperties": False,
-             "properties": {k: (_NULLABLE[t] if t else {}) for k, t in GROUP_FIELDS.items()}}
+             "properties": {k: (nullable[t] if t else {}) for k, t in GROUP_FIELDS.items()}}
     group["properties"]["status"] = {"enum": [*STATUSES, None]}
     props: dict[str, Any] = {"schema": {"const": SCHEMA},
                              "provenance": {"type": "object", "additionalProperties": {"type": "string"}}}
     for sec, spec in FIELDS.items():
-        fields = {k: dict(_NULLABLE[t]) for k, t in spec.items()}
+        fields = {k: dict(nullable[t]) for k, t in spec.items()}
         if "groups" in fields:
             fields["groups"]["items"] = group
         props[sec] = {"type": ["object", "null"], "additionalProperties": False, "properties": fields}
