@@ -766,3 +766,19 @@ def test_files_on_no_node_are_counted_and_the_first_of_them_named(four):
     rc, rep, err = pre(loc, "--nodelist", "n[1-2]", "--ranks-per-node", "2")
     (hit,) = assert_fires_json(rep, "CKD401")
     assert "2 file(s) (e.g. __2_0.distcp) are on no node of this allocation" in hit["hint"], hit["hint"]
+
+
+def test_an_unreadable_metadata_under_a_long_path_still_says_why(four):
+    """The reason is the part of a CKD403 message a user needs; a deep path (the finding names the
+    file already) must not push it past the message's bound: a 200-character directory here."""
+    from ckptdoctor.layouts.model import MAX_METADATA_BYTES
+    src, root = four
+    loc = spread(src, root / ("deep-" * 40), ["n1", "n2"], 2)
+    for node in ("n1", "n2"):
+        with open(loc.replace("{node}", node) + "/iter_0000100/.metadata", "r+b") as fh:
+            fh.truncate(MAX_METADATA_BYTES + 1)
+    rc, rep, err = pre(loc, "--nodelist", "n[1-2]", "--ranks-per-node", "2")
+    hits = assert_fires_json(rep, "CKD403", path_contains=".metadata", severity="error")
+    assert rc == 1 and len(hits) == 2 and all(
+        f"({MAX_METADATA_BYTES + 1} bytes, larger than the {MAX_METADATA_BYTES}-byte limit for this file)"
+        in h["message"] for h in hits), [h["message"] for h in hits]

@@ -135,8 +135,10 @@ class Preflight:
                 got, size, src = dcp_reader.parse(v.storage.read(rel, MAX_METADATA_BYTES)), ck.files[file], node
             except Exception as exc:  # noqa: BLE001 - any failure to read or parse is this node's problem
                 if out is not None:
-                    why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-                    self._unreadable(out, node, name, file, why.splitlines()[0][:160])
+                    why = (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__).splitlines()[0]
+                    shown = v.show(rel)   # the finding names the file already: a long path must not cut the reason
+                    why = why[len(shown) + 2:] if why.startswith(shown + ": ") else why
+                    self._unreadable(out, node, name, file, why[:160])
                 if self.shared:
                     return None
         return got

@@ -98,8 +98,8 @@ class RunState:
 def _typed(value: Any, kind: str | None, where: str) -> Any:
     if value is None or kind is None:
         return value
-    ok = {INT: lambda v: isinstance(v, int) and not isinstance(v, bool),
-          COUNT: lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+    is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
+    ok = {INT: is_int, COUNT: lambda v: is_int(v) and v > 0,
           STR: lambda v: isinstance(v, str), BOOL: lambda v: isinstance(v, bool),
           LIST: lambda v: isinstance(v, list)}[kind]
     if kind in (INT, COUNT) and isinstance(value, float) and value.is_integer():
