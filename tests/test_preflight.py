@@ -782,3 +782,20 @@ def test_an_unreadable_metadata_under_a_long_path_still_says_why(four):
     assert rc == 1 and len(hits) == 2 and all(
         f"({MAX_METADATA_BYTES + 1} bytes, larger than the {MAX_METADATA_BYTES}-byte limit for this file)"
         in h["message"] for h in hits), [h["message"] for h in hits]
+
+
+@pytest.mark.parametrize("limit, want", [("524288", (524288, "cgroup memory.max")),
+                                         ("max", (1 << 20, "/proc/meminfo MemTotal")),
+                                         (str(2 << 20), (1 << 20, "/proc/meminfo MemTotal")),
+                                         (str(1 << 20), (1 << 20, "/proc/meminfo MemTotal"))])
+def test_with_local_a_jobs_cgroup_limit_is_the_memory_only_where_it_is_smaller(tmp_path, limit, want):
+    """`--local`: a job confined by a cgroup v2 `memory.max` below the node's MemTotal can use only
+    that; `max` (no limit) or a limit at or above MemTotal leaves MemTotal as the budget."""
+    from ckptdoctor.preflight import memory
+    proc, cg = tmp_path / "proc", tmp_path / "cgroup"
+    (proc / "self").mkdir(parents=True)
+    (proc / "meminfo").write_text("MemFree:   10 kB\nMemTotal:  1024 kB\n")
+    (proc / "self" / "cgroup").write_text("0::/system.slice/slurmstepd.scope/job_7\n")
+    (cg / "system.slice" / "slurmstepd.scope" / "job_7").mkdir(parents=True)
+    (cg / "system.slice" / "slurmstepd.scope" / "job_7" / "memory.max").write_text(limit + "\n")
+    assert memory._local_memory(str(proc), str(cg)) == memory.NodeMemory(*want)

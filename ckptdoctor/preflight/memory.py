@@ -47,10 +47,12 @@ def parse_size(text: str, what: str) -> int:
     return int(float(m.group(1)) * unit)
 
 
-def _local_memory() -> NodeMemory | None:
+def _local_memory(proc: str = "/proc", cgroups: str = "/sys/fs/cgroup") -> NodeMemory | None:
+    """This node's memory: MemTotal, or the job's cgroup v2 limit where that is smaller (a Slurm job
+    confined by cgroups cannot use the rest). The roots are parameters for the tests."""
     total = None
     try:
-        with open("/proc/meminfo") as fh:
+        with open(os.path.join(proc, "meminfo")) as fh:
             for line in fh.read(65536).splitlines():
                 if line.startswith("MemTotal:"):
                     total = int(line.split()[1]) * 1024
@@ -58,10 +60,10 @@ def _local_memory() -> NodeMemory | None:
         pass
     src = "/proc/meminfo MemTotal"
     try:
-        with open("/proc/self/cgroup") as fh:
+        with open(os.path.join(proc, "self", "cgroup")) as fh:
             rel = next((ln.split(":", 2)[2] for ln in fh.read(65536).splitlines() if ln.startswith("0::")), None)
         if rel is not None:
-            with open(os.path.join("/sys/fs/cgroup", rel.strip().lstrip("/"), "memory.max")) as fh:
+            with open(os.path.join(cgroups, rel.strip().lstrip("/"), "memory.max")) as fh:
                 v = fh.read(64).strip()
             if v.isdigit() and (total is None or int(v) < total):
                 total, src = int(v), "cgroup memory.max"
