@@ -175,7 +175,7 @@ MUTANTS = [
       '                  severity="error" if data else None,', "                  severity=None,",
       ("tests/test_reliability.py",), "an empty manifest lets a corrupted shard pass --checksums"),
     M("coverage-corners", "ckptdoctor/layouts/coverage.py",
-      "            counts[v] = counts.get(v, 0) + sign * weight", "            counts[v] = counts.get(v, 0) + weight",
+      "            counts[v] = get(v, 0) + sign\n", "            counts[v] = get(v, 0) + 1\n",
       ("tests/test_reliability.py", "tests/test_verify_dcp.py"), "chunk coverage says exact when it is not"),
     M("yaml-alias-budget", "ckptdoctor/io/decoded.py", "            if aliases > MAX_ALIASES:",
       "            if aliases > MAX_ALIASES * 10**9:", ("tests/test_reliability.py",),

