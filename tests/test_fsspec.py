@@ -42,3 +42,33 @@ def test_real_s3_server_run_root(tmp_path, s3):
     assert got == want, (got, want)
     assert any(r == "CKD104" and p.startswith("iter_0000300/") for r, p in got), got
     assert rep["facts"]["newest_complete"] == "iter_0000100"
+
+
+def test_on_s3_the_gate_sizes_files_from_listings_without_a_head(tmp_path, s3):
+    """Issue 42: on an object store the relaunch gate lists each directory once, in pages of 1,000
+    keys, takes every size from the listing (no HEAD at all: not for a file, not to ask whether the
+    run root exists before listing it) and GETs only the small files it parses. Counted by the
+    latency harness's proxy (benchmarks/latency/s3proxy.py) in front of a real S3 server."""
+    import json
+    import math
+    import os
+    import sys
+    from helpers import cli
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "latency"))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    from latency_bench import build_run_root
+    from s3proxy import S3Proxy
+    env, fs, bucket = s3
+    files = build_run_root(str(tmp_path / "run"), 2, 1000)   # 1,002 keys per checkpoint: two pages each
+    fs.put(str(tmp_path / "run"), f"{bucket}/run", recursive=True)
+    proxy = S3Proxy(env["FSSPEC_S3_ENDPOINT_URL"], 0.0).start()
+    try:
+        rc, out, err = cli("verify", "--target", "resume", "--format", "json", f"s3://{bucket}/run",
+                           env={**env, "FSSPEC_S3_ENDPOINT_URL": proxy.url})
+        ops = proxy.stats()["ops"]
+    finally:
+        proxy.stop()
+    assert rc == 0 and json.loads(out)["facts"]["gate"]["passed"], err
+    per_dir = math.ceil(1002 / 1000)
+    assert files == 2 * 1002 + 1 and ops.get("HEAD", 0) == 0 and ops["LIST"] == 1 + 2 * per_dir, ops
+    assert ops["GET"] <= 2 * 2 + 1, ops   # each checkpoint's .metadata and metadata.json, the tracker

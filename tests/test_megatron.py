@@ -153,6 +153,7 @@ def test_a_metadata_json_nested_too_deep_to_parse_is_an_unreadable_marker_not_a_
     ('{"sharded_backend": "torch_dist", "format": 2}', "has a field Megatron-Core's dist_checkpointing.load does not know ('format')"),
     ('{"common_backend": "torch"}', "lacks sharded_backend"),
     (" " * ((1 << 20) + 1), "is larger than 1 MiB (not read)"),
+    (" " * (2 << 20), "is larger than 1 MiB (not read)"),   # was CKD900: the read itself refused it
 ])
 def test_a_metadata_json_megatron_cannot_parse_makes_the_checkpoint_incomplete(real, content, says):
     """Every rank's load parses metadata.json as CheckpointingConfig(**doc): what it raises on is an

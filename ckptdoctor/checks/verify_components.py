@@ -66,12 +66,11 @@ def required_component_missing(ck, eng):
 
 def _recorded(ck, file: str, key: str) -> bool:
     """Does the JSON file `file` of the checkpoint hold `key` at its top level?"""
-    import json
     if file not in ck.files:
         return False
     try:
-        doc = json.loads(ck.storage.read(ck.relpath(file), 1 << 20))
-    except (OSError, ValueError, RecursionError):
+        doc, _problem = _json_marker(ck, file)
+    except OSError:
         return False   # CKD101 / CKD901 report a missing or unreadable marker
     return isinstance(doc, dict) and key in doc
 
@@ -130,6 +129,36 @@ def trainer_state_invalid(ck, eng):
 MARKER_CONFIG_MAX = 1 << 20   # Megatron's metadata.json is ~120 bytes; a MiB is far past any real one
 
 
+def _json_marker(ck, f: str):
+    """(document, problem) of the small JSON file `f` the listing holds, read and parsed once per
+    checkpoint for every rule that asks (on an object store each read is a GET: Megatron's
+    metadata.json was fetched twice per checkpoint, issue 42's harness).  A file the listing sizes
+    past MARKER_CONFIG_MAX, or that grew past it since, is not read.  OSError: unreadable."""
+    key = ("json_marker", f)
+    if key not in ck.results:
+        import json
+        try:
+            raw = ck.storage.read(ck.relpath(f), MARKER_CONFIG_MAX) if ck.files[f].size <= MARKER_CONFIG_MAX \
+                else None
+        except OSError as exc:
+            ck.results[key] = exc
+        except ValueError:   # larger than the bound when read
+            raw = None
+        if key not in ck.results:
+            if raw is None:
+                got = (None, f"is larger than {MARKER_CONFIG_MAX >> 20} MiB (not read)")
+            else:
+                try:
+                    got = (json.loads(raw), None)
+                except (ValueError, RecursionError) as exc:
+                    got = (None, f"is not valid JSON ({str(exc)[:80]})")
+            ck.results[key] = got
+    got = ck.results[key]
+    if isinstance(got, OSError):
+        raise got
+    return got
+
+
 @check("CKD136", "checkpoint")
 def marker_config_invalid(ck, eng):
     """A marker the framework's load parses as its configuration (the family's `marker_config`):
@@ -138,30 +167,20 @@ def marker_config_invalid(ck, eng):
     cfg = lay.extra.get("marker_config") if lay is not None else None
     if not cfg or cfg["file"] not in ck.files:
         return
-    import json
     f, who = cfg["file"], cfg["reader"]
     try:
-        raw = ck.storage.read(ck.relpath(f), MARKER_CONFIG_MAX + 1)
+        doc, problem = _json_marker(ck, f)
     except OSError:
         return   # CKD901 reports an unreadable file
-    if len(raw) > MARKER_CONFIG_MAX:
-        problem = f"is larger than {MARKER_CONFIG_MAX >> 20} MiB (not read)"
-    else:
-        try:
-            doc = json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            doc, problem = None, f"is not valid JSON ({str(exc)[:80]})"
-        else:
-            problem = None
-        if problem is None and not isinstance(doc, dict):
-            problem = f"holds a JSON {type(doc).__name__}, not an object"
-        elif problem is None:
-            unknown = sorted(k for k in doc if k not in cfg["fields"])
-            absent = [k for k in cfg["required"] if k not in doc]
-            if unknown:
-                problem = f"has a field {who} does not know ({', '.join(map(repr, unknown[:4]))})"
-            elif absent:
-                problem = f"lacks {', '.join(absent)}"
+    if problem is None and not isinstance(doc, dict):
+        problem = f"holds a JSON {type(doc).__name__}, not an object"
+    elif problem is None:
+        unknown = sorted(k for k in doc if k not in cfg["fields"])
+        absent = [k for k in cfg["required"] if k not in doc]
+        if unknown:
+            problem = f"has a field {who} does not know ({', '.join(map(repr, unknown[:4]))})"
+        elif absent:
+            problem = f"lacks {', '.join(absent)}"
     if problem:
         yield Hit(ck.path(f), f"{f} {problem}: {who} raises on every rank", details={"file": f},
                   hint="restore the file from the source copy, or resume from an earlier checkpoint")
