@@ -72,3 +72,20 @@ def test_on_s3_the_gate_sizes_files_from_listings_without_a_head(tmp_path, s3):
     per_dir = math.ceil(1002 / 1000)
     assert files == 2 * 1002 + 1 and ops.get("HEAD", 0) == 0 and ops["LIST"] == 1 + 2 * per_dir, ops
     assert ops["GET"] <= 2 * 2 + 1, ops   # each checkpoint's .metadata and metadata.json, the tracker
+
+
+def test_a_url_that_is_missing_or_a_single_object_is_a_one_line_error_and_an_empty_prefix_no_checkpoint():
+    """Listing an object store's location first (issue 42) keeps what a user is told: a prefix
+    with nothing under it and no directory object is "no such file or directory", an object is
+    "not a directory", an empty directory is judged (no checkpoint there: CKD902)."""
+    import fsspec
+    import pytest
+    from ckptdoctor.engine.errors import InputError
+    fs = fsspec.filesystem("memory")
+    fs.pipe("memory://urls/run/file.bin", b"x")
+    fs.mkdir("memory://urls/empty")
+    with pytest.raises(InputError, match=r"^memory://urls/nothere: no such file or directory$"):
+        api.verify("memory://urls/nothere")
+    with pytest.raises(InputError, match=r"^memory://urls/run/file.bin: not a directory \(give"):
+        api.verify("memory://urls/run/file.bin")
+    assert_fires(api.verify("memory://urls/empty"), "CKD902", severity="error")

@@ -279,6 +279,7 @@ class Storage:
         return posixpath.join(self.display, rel) if rel else self.display
 
     def listdir(self, rel: str = "") -> list[Entry]: raise NotImplementedError
+    def list_root_first(self) -> bool: return False   # see FsspecStorage
     def stat(self, rel: str) -> Entry | None: raise NotImplementedError
     def open(self, rel: str) -> IO[bytes]: raise NotImplementedError
 
@@ -396,7 +397,7 @@ class FsspecStorage(Storage):
         harness: the gate's requests on a run root went from HEAD 1, LIST 17 to HEAD 0, LIST 16)."""
         try:
             listed = self.listdir("")
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):   # asked again below, to say which
             return False
         self._root_listing = listed or None
         return bool(listed)
@@ -525,7 +526,7 @@ def open_location(location: str) -> Storage:
     """Open a checkpoint location; raise InputError (exit 2) or TransientError (exit 75)."""
     try:
         st: Storage = FsspecStorage(location) if is_url(location) else LocalStorage(location)
-        if not st.local and st.list_root_first():
+        if st.list_root_first():
             return st
         root = st.stat("")
     except ImportError as exc:
