@@ -97,6 +97,39 @@ def trainer_ckpt(d, step, optimizer=True):
     (d / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": []}))
 
 
+@pytest.mark.parametrize("names, warned", [
+    (("rng_state_0.pth", "rng_state_1.pth"), None),      # a healthy two-process run
+    (("rng_state_0.pth",), "1 of 2 per-process RNG files missing: rng_state_1.pth"),
+])
+def test_per_process_rng_files_are_counted_against_the_run_and_a_full_set_is_no_finding(tmp_path, names, warned):
+    """transformers' Trainer writes rng_state_{process}.pth per process of a multi-process run: a
+    checkpoint holding as many as its siblings is healthy (no warning at all); one short of them
+    is a warning naming the missing file."""
+    run = tmp_path / "out"
+    for s, files in ((500, ("rng_state_0.pth", "rng_state_1.pth")), (1000, names)):
+        trainer_ckpt(run / f"checkpoint-{s}", s)
+        os.remove(run / f"checkpoint-{s}" / "rng_state.pth")
+        for n in files:
+            torch.save({"python": 1, "cpu": torch.get_rng_state()}, run / f"checkpoint-{s}" / n)
+    rep = api.verify(str(run))
+    rng = [f for f in rep.findings if "RNG" in f.message]
+    if warned is None:
+        assert not rng, [(f.rule, f.message) for f in rng]
+    else:
+        assert [(f.severity, f.message) for f in rng] == [("warning", warned)], [(f.rule, f.message) for f in rng]
+
+
+def test_a_single_process_rng_file_is_a_whole_set_beside_a_sibling_with_only_process_0s(tmp_path):
+    """rng_state.pth (what Trainer writes when the world is one process) next to a sibling holding
+    only rng_state_0.pth: one process each, nothing missing, no RNG warning."""
+    run = tmp_path / "out"
+    trainer_ckpt(run / "checkpoint-500", 500)
+    os.rename(run / "checkpoint-500" / "rng_state.pth", run / "checkpoint-500" / "rng_state_0.pth")
+    trainer_ckpt(run / "checkpoint-1000", 1000)
+    rep = api.verify(str(run))
+    assert not [f for f in rep.findings if "RNG" in f.message], [(f.rule, f.message) for f in rep.findings]
+
+
 def test_hf_trainer_run(tmp_path):
     run = tmp_path / "out"
     for s in (500, 1000):
@@ -142,6 +175,33 @@ def test_deepspeed_rank_grid(tmp_path):
     assert rep.facts["newest_complete"] is None
     (run / "latest").write_text("global_step9")
     assert_fires(api.verify(str(run)), "CKD113")
+
+
+def test_a_deepspeed_world_not_recorded_is_counted_from_the_highest_rank_file_there(tmp_path):
+    """A model-states file that does not record dp_world_size (an older save): the data-parallel
+    world is the highest rank with a file, plus one, so one missing in the middle is "1 of 4"."""
+    run = tmp_path / "ds"
+    ds_tag(run / "global_step3", dp=4, mp=1)
+    torch.save({"module": sd(1), "global_steps": 3}, run / "global_step3" / "mp_rank_00_model_states.pt")
+    (run / "latest").write_text("global_step3")
+    os.remove(run / "global_step3" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt")
+    (hit,) = assert_fires(api.verify(str(run)), "CKD122", severity="error")
+    assert "data-parallel rank(s) 1 missing (have 3 of 4)" in hit.message, hit.message
+    assert hit.details["dp_world"] == 4 and hit.details["missing_dp"] == [1], hit.details
+
+
+def test_many_missing_rank_files_are_named_five_and_counted(tmp_path):
+    """Seven of eight ZeRO optimizer partitions missing: the message names the first five files and
+    says "and 2 more"; the details keep every one."""
+    run = tmp_path / "ds"
+    ds_tag(run / "global_step3", dp=8, mp=1)
+    (run / "latest").write_text("global_step3")
+    gone = [f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(1, 8)]
+    for f in gone:
+        os.remove(run / "global_step3" / f)
+    (hit,) = assert_fires(api.verify(str(run)), "CKD122", severity="error")
+    assert hit.message.endswith(": " + ", ".join(gone[:5]) + " and 2 more"), hit.message
+    assert hit.details["missing_files"] == gone, hit.details
 
 
 # ---- verl --------------------------------------------------------------------------------------------
@@ -464,3 +524,21 @@ def test_every_code_global_of_a_protocol_4_pickle_is_named_even_when_its_module_
         z.writestr("archive/version", "3\n")
     hit = assert_fires(api.verify(str(d)), "CKD127", path_contains="optimizer.pt")[0]
     assert sorted(hit.details["globals"]) == [f"{os.system.__module__}.kill", f"{os.system.__module__}.system"]
+
+
+def test_a_pickle_full_of_code_calls_names_its_first_twenty(tmp_path):
+    """CKD127 on a pickle that calls code 30 times: the finding's details list the first 20 calls
+    (a bounded scan: the verdict does not need the rest)."""
+    import pickletools
+    import zipfile
+    mod = os.system.__module__.encode()
+    call = b"c" + mod + b"\nsystem\nX\x04\x00\x00\x00true\x85R"   # GLOBAL, 'true', TUPLE1, REDUCE
+    data = b"\x80\x02(" + call * 30 + b"l."                          # a list of 30 calls; never loaded here
+    assert sum(op.name == "GLOBAL" for op, _a, _p in pickletools.genops(data)) == 30
+    d = tmp_path / "exported"
+    d.mkdir()
+    with zipfile.ZipFile(d / "optimizer.pt", "w") as z:
+        z.writestr("archive/data.pkl", data)
+        z.writestr("archive/version", "3\n")
+    (hit,) = assert_fires(api.verify(str(d)), "CKD127", path_contains="optimizer.pt", severity="error")
+    assert hit.details["globals"] == [f"{os.system.__module__}.system"] * 20, hit.details["globals"]

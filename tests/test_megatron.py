@@ -76,8 +76,10 @@ def test_tracker_behind_newest_complete(real):
     d = real("megatron_run")
     (d / "latest_checkpointed_iteration.txt").write_text("100")
     rep = api.verify(str(d))
-    assert_fires(rep, "CKD114", severity="warning")
+    (hit,) = assert_fires(rep, "CKD114", severity="warning")
     assert not rep.failed()
+    assert hit.message == "tracker names iter_0000100 but iter_0000200 is newer and complete", hit.message
+    assert hit.hint.startswith("the run will redo 100 steps; repoint the tracker if iter_0000200 is the one"), hit.hint
 
 
 def test_common_pt_truncated(real):

@@ -156,6 +156,19 @@ def test_stale_groups_for_windowed_sampler(tmp_path):
     assert hits[0].details["groups"] == 2
 
 
+@pytest.mark.parametrize("sampler, staleness", [("in_order", 2), ("windowed", None)])
+def test_old_groups_are_stale_only_for_a_sampler_that_evicts_them_by_a_known_staleness(tmp_path, sampler, staleness):
+    """CKD306 needs both: a sampler that evicts by age (windowed, weight_fifo) and its
+    max_staleness_versions. An in-order sampler keeps old groups; an unknown staleness decides
+    nothing (and is no crash)."""
+    doc = state(targets=(7, 7, 3, 3))
+    doc["config"].update(sampler=sampler, max_staleness_versions=staleness)
+    for g in doc["buffer"]["groups"]:
+        g["start_version"] = 1
+    rep = rec(write_state(tmp_path, doc))
+    assert not {"CKD306", "CKD900"} & set(rep.rules()), [(f.rule, f.message) for f in rep.findings]
+
+
 def test_reserve_in_shrink_mode(tmp_path):
     rep = rec(write_state(tmp_path, state(reserve__prompts=3)))
     assert_fires(rep, "CKD307", severity="error")
@@ -980,6 +993,9 @@ def test_targets_ahead_of_the_cursor_are_lost_only_when_the_dataloader_is_ahead(
         doc = state(c=6, a=a, targets=(7,) * 4 + (8,) * 4)
         (hit,) = assert_fires(rec(write_state(tmp_path, doc)), "CKD301", severity="error" if a == 8 else "warning")
         assert said in hit.message, (a, hit.message)
+    doc = _at8(c=7, a=7, targets=(8,) * 4 + (9,) * 4)   # an odd cursor: cursor+1 is 8
+    (hit,) = assert_fires(rec(write_state(tmp_path, doc)), "CKD301", severity="warning")
+    assert "the dataloader is behind the cursor (cursor+1 = 8; " in hit.message, hit.message
 
 
 def test_a_group_size_mismatch_names_the_first_offending_group(tmp_path):
@@ -1108,3 +1124,71 @@ def test_a_state_files_cursor_without_a_source_is_a_saved_one_and_a_given_source
     doc["sampler"]["cursor_source"] = given
     rc, out, err = cli("reconcile", "--show-state", write_state(tmp_path, doc))
     assert rc == 0 and json.loads(out)["sampler"]["cursor_source"] == shown, out + err
+
+
+def test_a_parsers_long_reason_is_cut_to_120_characters_on_its_one_line(tmp_path):
+    """A run-state file the YAML parser refuses: the parser's reason, cut to 120 characters (a
+    tag of 200 characters is quoted in PyYAML's reason), on the one line of the exit-2 error."""
+    p = tmp_path / "state.yaml"
+    p.write_text("schema: !" + "a" * 200 + " 1\n")
+    rc, out, err = cli("reconcile", str(p))
+    reason = "could not determine a constructor for the tag '!" + "a" * 200
+    assert rc == 2 and f"not valid YAML: {reason[:120]}" in err and reason[:121] not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_restored_in_flight_group_is_still_generating_when_the_first_step_trains(tmp_path):
+    """A persisted in-flight group (rollout_recovery) is regenerated after the restart: stamped
+    below the trainer (step 5 of trainer 7) it is evicted only once it completes, after the first
+    simulated step, never as if it had been ready in the buffer at the restore."""
+    doc = state(c=6, a=7)
+    doc["inflight"] = {"persisted": True, "groups": [
+        {"target_step": 5, "status": "inflight", "size": 8, "start_version": 4, "prompt_id": 99}]}
+    path = write_state(tmp_path, doc)
+    assert rec(path, simulate=True, steps=1).facts["simulation"]["evicted_prompts"] == []
+    assert rec(path, simulate=True, steps=2).facts["simulation"]["evicted_prompts"] == [99]
+
+
+def test_a_repair_is_refused_for_a_stall_it_adds_not_for_one_the_saved_state_has(tmp_path):
+    """Cursor 7, dataloader 9, the buffer stamped for step 8 only: as saved the trainer waits for
+    ever at step 7 (CKD304) and with the cursor at 8 it waits there too. The repair adds no stall,
+    so it is offered for the loss it removes; the stall stays an error of its own."""
+    rep = rec(write_state(tmp_path, state(c=7, a=9, targets=(8,) * 4)))
+    assert rep.facts["repair"]["available"] is True and rep.facts["repair"]["new_cursor"] == 8, rep.facts["repair"]
+    (hit,) = assert_fires(rep, "CKD304", severity="error")
+    assert hit.message.startswith("step 7 has 0 of 4 groups"), hit.message
+
+
+def test_one_buffered_group_ahead_of_the_cursor_is_enough_for_ckd301(tmp_path):
+    """The newest restored target is any step holding at least one group: a single group stamped
+    for step 8 beside a full step 7, cursor 7, is one dropped prompt, reported."""
+    rep = rec(write_state(tmp_path, _at8(c=7, a=8, targets=(8,))))
+    (hit,) = assert_fires(rep, "CKD301", severity="warning")   # the dataloader agrees: deduplicated, not lost
+    assert hit.message.startswith("sampler cursor 7 is behind replay-buffer target step(s) 8 (1 group(s))"), hit.message
+
+
+@needs_torch
+def test_a_profile_whose_item_map_cannot_be_parsed_is_a_one_line_error_naming_the_field(nemo):
+    """A profile's `map` for list items (buffer.groups' fields) is in the same path language: one
+    that cannot be parsed is a usage error naming the profile and the item field, not a crash."""
+    from ckptdoctor.engine.errors import UsageError
+    from ckptdoctor.io.fs import LocalStorage
+    from ckptdoctor.runstate import profiles as P
+    d = nemo(cursor=6, batches=7)
+    prof = P.detect(set(os.listdir(d)))
+    fields = dict(prof.fields)
+    fields["buffer.groups"] = dict(fields["buffer.groups"], map={**fields["buffer.groups"]["map"],
+                                                                 "target_step": "len(target_step"})
+    broken = P.Profile(prof.id, prof.framework, prof.title, prof.description, prof.priority, prof.detect_files,
+                       prof.capture, fields)
+    with pytest.raises(UsageError, match=rf"^profile {prof.id}: field buffer\.groups\.target_step: unclosed len\("):
+        P.map_checkpoint(LocalStorage(str(d)), broken)
+
+
+@pytest.mark.parametrize("expr", ["g[2]", "g[5]", "g[300]", "s[1]"])
+def test_an_index_past_the_end_of_a_list_or_into_a_non_list_is_unknown_not_a_crash(expr):
+    """A profile path like `groups[5]` on a file that holds two groups maps to nothing (the field
+    is unknown), however far past the end the index is."""
+    from ckptdoctor.runstate.pathexpr import MISSING, evaluate
+    assert evaluate({"g": [1, 2], "s": "ab"}, expr) is MISSING
+    assert evaluate({"g": list(range(400))}, "g[300]") == 300

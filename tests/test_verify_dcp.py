@@ -398,3 +398,53 @@ def test_a_shard_with_many_corrupt_records_names_five_and_counts_the_rest(tmp_pa
     assert len(named) == 5 and len({h.details["fqn"] for h in named}) == 5, [h.message for h in hits]
     (more,) = [h for h in hits if "more" in h.details]
     assert more.message == "3 more corrupt records in __0_0.distcp" and more.details["more"] == 3, more.message
+
+
+def test_a_record_past_the_shards_end_does_not_stop_the_check_of_its_other_records(tmp_path):
+    """A .metadata whose first record of a shard claims more bytes than the shard has (CKD104's
+    finding) and a later record of the same shard overwritten: CKD105 still judges, and names,
+    the later record."""
+    from ckptdoctor.layouts import dcp_writer as W
+    d = str(tmp_path / "ck")
+    items = [W.Item(f"w{i}", (8, 1), (0, 0), (8, 1), [1.0] * 8, rank=0) for i in range(3)]
+    W.write(d, items)
+    shard = tmp_path / "ck" / "__0_0.distcp"
+    recs, off = [], 0
+    for it in items:   # the records as write() laid them out
+        n = len(W.tensor_archive(it.values, it.sizes))
+        recs.append([it, "__0_0.distcp", off, n])
+        off += n
+    data = bytearray(shard.read_bytes())
+    recs[0][3] = len(data) * 10                         # w0 runs far past the end
+    data[recs[2][2]:recs[2][2] + 4] = b"XXXX"           # w2's local header overwritten
+    shard.write_bytes(bytes(data))
+    (tmp_path / "ck" / ".metadata").write_bytes(W.metadata_bytes([tuple(r) for r in recs], d))
+    rep = api.verify(d)
+    assert_fires(rep, "CKD104", path_contains="__0_0.distcp", severity="error")
+    (hit,) = assert_fires(rep, "CKD105", path_contains="__0_0.distcp", severity="error")
+    assert hit.details["fqn"] == "w2", hit.message
+
+
+def test_a_missing_shard_says_how_many_metadata_records_point_into_it(tmp_path):
+    """CKD103 names a missing shard with the number of metadata records that point into it."""
+    from ckptdoctor.layouts import dcp_writer as W
+    d = tmp_path / "ck"
+    W.write(str(d), [W.Item(f"w{i}", (2,), (0,), (2,), [1.0, 2.0], rank=i % 2) for i in range(6)])
+    os.remove(d / "__1_0.distcp")
+    (hit,) = assert_fires(api.verify(str(d)), "CKD103", path_contains="__1_0.distcp", severity="error")
+    assert hit.message == "shard __1_0.distcp is referenced by 3 metadata record(s) but does not exist", hit.message
+    assert hit.details["records"] == 3
+
+
+def test_more_than_five_items_without_a_storage_record_are_named_five_and_counted(real):
+    """CKD133 with all six storage records of a torch-written .metadata gone: five named, then one
+    finding saying exactly how many more."""
+    d = real("dcp_4rank")
+
+    def drop_all(md):
+        assert len(md.storage_data) == 6
+        md.storage_data.clear()
+    _edit_metadata(d, drop_all)
+    hits = assert_fires(api.verify(str(d)), "CKD133", path_contains=".metadata", severity="error")
+    assert len(hits) == 6 and all(h.details.get("missing_records") == 6 for h in hits[:5]), [h.message for h in hits]
+    assert hits[5].message == "1 more items without a storage record" and hits[5].details == {"more": 1}, hits[5]

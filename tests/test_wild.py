@@ -278,3 +278,31 @@ def test_nvrx_fallback_names_up_to_five_missing_files_and_counts_the_rest(wild, 
     else:
         assert "more)" not in hit.message, hit.message
     assert hit.details["missing"] == named
+
+
+def test_a_missing_optimizer_file_names_the_newest_checkpoint_that_has_it(wild):
+    """CKD123 tells a user where the file can be found: of two older checkpoints holding it, the
+    newer one (the least progress lost if the resume falls back to it)."""
+    run = wild("accelerate/checkpoints")
+    shutil.copytree(run / "checkpoint_1", run / "checkpoint_2", copy_function=shutil.copy2)
+    os.remove(run / "checkpoint_2" / "optimizer.bin")
+    (hit,) = assert_fires(api.verify(str(run)), "CKD123", path_contains="checkpoint_2/optimizer.bin", severity="error")
+    assert hit.details["peer"] == "checkpoint_1", hit.details
+    assert hit.message.startswith("optimizer.bin is missing although checkpoint_1 has it: "), hit.message
+
+
+def test_a_conv_lora_adapter_is_judged_by_lora_a_and_a_grouped_conv_is_no_false_alarm(wild):
+    """peft 0.21.2's LoRA on a Conv2d and a grouped Conv2d (make_wild.py peft_conv_adapter): lora_A
+    is [r, in, k, k] on both, the grouped layer's lora_B [out, r // groups, 1, 1] = (16, 2, 1, 1).
+    As saved, no finding (the real load takes it); with adapter_config.json saying r=8 the real
+    load raises a size mismatch, and CKD128 names both lora_A tensors -- never a lora_B."""
+    d = wild("peft-conv-adapter")
+    rep = api.verify(str(d))
+    assert rep.facts["layout"] == "peft-adapter" and not rep.findings, [(f.rule, f.message) for f in rep.findings]
+    cfg = json.loads((d / "adapter_config.json").read_text())
+    cfg["r"] = 8
+    (d / "adapter_config.json").write_text(json.dumps(cfg))
+    hits = assert_fires(api.verify(str(d)), "CKD128", path_contains="adapter_model.safetensors", severity="error")
+    assert sorted(h.message.rsplit(": ", 1)[1] for h in hits) == [
+        "base_model.model.conv.lora_A.weight has rank 4, the config says 8",
+        "base_model.model.gconv.lora_A.weight has rank 4, the config says 8"], [h.message for h in hits]

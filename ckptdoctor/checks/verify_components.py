@@ -407,7 +407,11 @@ def peft_adapter_mismatch(ck, eng):
             modules.add(module)
             want = next((v for k, v in pattern.items() if re.search(rf"(^|\.){re.escape(k)}$", module) or
                          re.fullmatch(k, module)), r) if isinstance(pattern, dict) else r
-            if isinstance(want, int) and len(shape) == 2 and shape[dim] != want:
+            # Linear: lora_A [r, in], lora_B [out, r].  ConvNd: lora_A [r, in, *kernel] but lora_B
+            # [out, r // groups, 1, ...], and groups is the base layer's, not the adapter's (peft
+            # 0.21.2, measured: make_wild.py peft_conv_adapter), so there only lora_A says r
+            judged = len(shape) == 2 or (len(shape) > 2 and dim == 0)
+            if isinstance(want, int) and judged and shape[dim] != want:
                 problems.append(f"{name} has rank {shape[dim]}, the config says {want}")
     if not modules:
         problems.append(f"{lora['weights']} holds no lora_A/lora_B tensors")
