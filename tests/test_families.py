@@ -130,6 +130,24 @@ def test_a_single_process_rng_file_is_a_whole_set_beside_a_sibling_with_only_pro
     assert not [f for f in rep.findings if "RNG" in f.message], [(f.rule, f.message) for f in rep.findings]
 
 
+def test_a_staging_leftover_that_cannot_be_listed_is_still_reported_with_its_size_unknown(tmp_path, monkeypatch):
+    """CKD124 sums a staging directory's bytes from its listing; when that listing fails (a
+    permission, a directory deleted meanwhile) the leftover is still reported, its size unknown."""
+    from ckptdoctor.io import fs
+    run = tmp_path / "out"
+    trainer_ckpt(run / "checkpoint-500", 500)
+    trainer_ckpt(run / "tmp-checkpoint-1000", 1000)
+    real = fs.LocalStorage.listdir
+
+    def listdir(self, rel=""):
+        if rel.endswith("tmp-checkpoint-1000"):
+            raise PermissionError(13, "Permission denied")
+        return real(self, rel)
+    monkeypatch.setattr(fs.LocalStorage, "listdir", listdir)
+    (hit,) = assert_fires(api.verify(str(run)), "CKD124", path_contains="tmp-checkpoint-1000", severity="warning")
+    assert hit.details["bytes"] is None and hit.details["dir"] == "tmp-checkpoint-1000", hit.details
+
+
 def test_hf_trainer_run(tmp_path):
     run = tmp_path / "out"
     for s in (500, 1000):
@@ -277,6 +295,25 @@ def orbax_step(d, committed=True):
     (d / "_CHECKPOINT_METADATA").write_text(json.dumps({"item_handlers": {}, "commit_timestamp_nsecs": 1}))
     if committed:
         (d / "commit_success.txt").write_text(f"Checkpoint commit was successful to {d}")
+
+
+@pytest.mark.parametrize("status, severity, says", [
+    (8, "error", "the tracker names step_8, which exists only as this staging directory"),
+    (7, "warning", "a save that is still staging or died; resume target step_7"),
+])
+def test_a_staging_directory_the_tracker_names_is_an_error_any_other_a_warning(tmp_path, status, severity, says):
+    """NeMo-RL's latest_checkpoint_status.json pointing at step 8 while only tmp_step_8 exists: the
+    save the run believes it made never committed (an error); pointing at step 7 the leftover is
+    only a warning."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "fixtures"))
+    import nemo_rl_ckpt
+    root = tmp_path / "ckpts"
+    nemo_rl_ckpt.write_step(root, step=7, cursor=6, batches=7, targets=(7,) * 4)
+    nemo_rl_ckpt.write_step(root, step=8, cursor=7, batches=8, targets=(8,) * 4, name="tmp_step_8")
+    (root / "latest_checkpoint_status.json").write_text(json.dumps({"last_checkpoint_step": status}))
+    (hit,) = assert_fires(api.verify(str(root)), "CKD124", path_contains="tmp_step_8", severity=severity)
+    assert hit.message.startswith(f"staging leftover tmp_step_8: {says}"), hit.message
 
 
 def test_orbax_root(tmp_path):

@@ -175,3 +175,26 @@ def test_a_metadata_json_without_the_fields_megatron_defaults_is_no_finding(real
     (d / "iter_0000200" / "metadata.json").write_text('{"sharded_backend": "torch_dist"}')
     rep = api.verify(str(d), target="resume")
     assert "CKD136" not in rep.rules() and rep.facts["newest_complete"] == "iter_0000200"
+
+
+def test_a_legacy_checkpoint_without_any_rank_directory_says_what_it_should_hold(real):
+    """A Megatron legacy iteration directory whose rank directories were all renamed (here to
+    mp_rank_old, which no rank loads): CKD116 says there is nothing to load and what the layout
+    expects."""
+    d = real("megatron_legacy")
+    for sub in (d / "iter_0000020").iterdir():
+        if sub.name.startswith("mp_rank_"):
+            shutil.rmtree(sub)
+    (d / "iter_0000020" / "mp_rank_old").mkdir()
+    rep = api.verify(str(d))
+    (hit,) = assert_fires(rep, "CKD116", path_contains="iter_0000020", severity="error")
+    assert hit.message == "no mp_rank_* directories: nothing to load", hit.message
+    assert hit.details == {"expected": "mp_rank_XX[_YYY][_ZZZ]/model_optim_rng.pt"}, hit.details
+
+
+def test_a_missing_legacy_rank_directory_is_named_by_its_tensor_and_pipeline_ranks(real):
+    """mp_rank_TT_PPP: the missing directory of tensor rank 1, pipeline rank 0 is named exactly."""
+    d = real("megatron_legacy")
+    shutil.rmtree(d / "iter_0000020" / "mp_rank_01_000")
+    (hit,) = assert_fires(api.verify(str(d)), "CKD116", path_contains="iter_0000020", severity="error")
+    assert "mp_rank_01_000" in hit.path and "mp_rank_01_000" in hit.message, (hit.path, hit.message)

@@ -169,9 +169,13 @@ def test_old_groups_are_stale_only_for_a_sampler_that_evicts_them_by_a_known_sta
     assert not {"CKD306", "CKD900"} & set(rep.rules()), [(f.rule, f.message) for f in rep.findings]
 
 
-def test_reserve_in_shrink_mode(tmp_path):
-    rep = rec(write_state(tmp_path, state(reserve__prompts=3)))
-    assert_fires(rep, "CKD307", severity="error")
+@pytest.mark.parametrize("reserve", [1, 3])
+def test_reserve_in_shrink_mode(tmp_path, reserve):
+    """Even one prompt left in the reserve under shrink mode is an error: nothing consumes it."""
+    rep = rec(write_state(tmp_path, state(reserve__prompts=reserve)))
+    (hit,) = assert_fires(rep, "CKD307", severity="error")
+    assert hit.message.startswith(f"{reserve} prompt(s) sit in the replacement reserve"), hit.message
+    assert "CKD307" not in rec(write_state(tmp_path, state(reserve__prompts=0))).rules()
 
 
 def test_epoch_boundary(tmp_path):
@@ -410,6 +414,8 @@ def test_show_state_and_map_override(nemo):
     rc, out, err = cli("reconcile", "--show-state", d)
     doc = json.loads(out)
     assert rc == 0 and doc["schema"] == "ckptdoctor.run_state/v1"
+    assert doc["source"] == {"framework": "nemo-rl", "profile": "nemo-rl/sc-tq", "checkpoint": os.path.basename(d)}, \
+        doc["source"]
     assert doc["sampler"]["cursor"] == 6 and doc["dataloader"]["batches_in_epoch"] == 8
     assert doc["provenance"]["sampler.cursor"] == "training_info.json:sampler_dispatch_index"
     rep = rec(d, maps=["sampler.cursor=training_info.json:my_cursor"])
@@ -567,6 +573,7 @@ def test_an_in_flight_group_below_the_trainer_is_evicted_only_once_it_completes(
 @pytest.mark.parametrize("c,a,targets,reason", [
     (7, 7, (7,) * 4 + (8,) * 4, "the dataloader is behind the cursor; that needs a dataloader rewind, which is never automated"),
     (8, 10, (9,) * 4, "cursor 9 would leave the gate window [6, 8]"),
+    (3, 6, (4,) * 4 + (5,) * 4, "cursor 5 would leave the gate window [6, 8]"),   # below it: trainer 7 - 1
 ])
 def test_no_repair_is_offered_and_the_reason_is_given(tmp_path, c, a, targets, reason):
     rep = rec(write_state(tmp_path, state(c=c, a=a, targets=targets)))
@@ -693,9 +700,13 @@ def test_more_restored_groups_than_a_step_needs_dispatch_nothing_for_it():
 
 
 def test_more_prompts_consumed_than_steps_times_batch_is_named_with_both_numbers(tmp_path):
+    """More prompts consumed than 7 steps of 4 can hold is an inconsistency (CKD309); fewer is a run
+    whose dropped prompts shrank some steps, and no finding."""
     rep = rec(write_state(tmp_path, state(trainer__consumed_prompts=40)))
     (hit,) = assert_fires(rep, "CKD309")
     assert hit.message == "consumed_prompts 40 exceeds num_prompts_per_step x step = 28"
+    for fewer in (20, 28):
+        assert "CKD309" not in rec(write_state(tmp_path, state(trainer__consumed_prompts=fewer))).rules()
 
 
 def test_persisted_in_flight_groups_fill_their_step_in_the_simulated_repair(tmp_path):
@@ -1004,6 +1015,10 @@ def test_a_group_size_mismatch_names_the_first_offending_group(tmp_path):
     doc["buffer"]["groups"][3]["size"] = 5
     (hit,) = assert_fires(rec(write_state(tmp_path, doc)), "CKD312", severity="error")
     assert hit.message == "2 buffered group(s) have a size other than the configured group size 8 (e.g. 6)"
+    doc = state()
+    doc["buffer"]["groups"][2]["size"] = 16   # larger is as wrong as smaller
+    (hit,) = assert_fires(rec(write_state(tmp_path, doc)), "CKD312", severity="error")
+    assert hit.message == "1 buffered group(s) have a size other than the configured group size 8 (e.g. 16)"
 
 
 def test_a_run_past_step_256_simulates_like_any_other():
@@ -1192,3 +1207,99 @@ def test_an_index_past_the_end_of_a_list_or_into_a_non_list_is_unknown_not_a_cra
     from ckptdoctor.runstate.pathexpr import MISSING, evaluate
     assert evaluate({"g": [1, 2], "s": "ab"}, expr) is MISSING
     assert evaluate({"g": list(range(400))}, "g[300]") == 300
+
+
+@pytest.mark.parametrize("c, a, words, sev", [
+    (6, 9, "so the prompts of 2 batch(es) (num_prompts_per_step unknown) are skipped and never trained", "error"),
+    (8, 7, "their buffered twins (the prompts of 2 batch(es) (num_prompts_per_step unknown)) are trained twice",
+     "warning")])
+def test_a_cursor_dataloader_gap_with_the_prompt_count_unknown_counts_batches_not_zero_prompts(tmp_path, c, a, words, sev):
+    """CKD303 with num_prompts_per_step unknown: the gap is stated in batches; it used to say
+    "0 prompt(s)", which reads as harmless."""
+    doc = state(c=c, a=a, targets=())
+    del doc["config"]["num_prompts_per_step"]
+    (hit,) = assert_fires(rec(write_state(tmp_path, doc)), "CKD303", severity=sev)
+    assert words in hit.message and hit.details["prompts_at_risk"] is None, (hit.message, hit.details)
+    doc["config"]["num_prompts_per_step"] = 4
+    (hit,) = assert_fires(rec(write_state(tmp_path, doc)), "CKD303", severity=sev)
+    assert hit.details["prompts_at_risk"] == 8 and "8 prompt(s)" in hit.message, hit.message
+
+
+def test_a_short_step_says_which_cursor_would_gap_fill_it_and_at_what_cost(tmp_path):
+    """CKD304 on step 8 holding 3 of 4 groups (cursor 8): the hint names cursor 7 and the cost in
+    fresh and original prompts; the repair is left to a person."""
+    (hit,) = assert_fires(rec(write_state(tmp_path, _at8(c=8, a=9, targets=(8,) * 3))), "CKD304", severity="error")
+    assert hit.hint == ("lowering the cursor to 7 gap-fills but shifts every later stamp, costing 3 fresh "
+                        "prompt(s) and 1 original(s); decide by hand"), hit.hint
+
+
+@pytest.mark.parametrize("lookahead, cursor, stamped", [(1, 11, [7, 8, 9, 10, 11]), (2, 12, [7, 8, 9, 10, 11, 12])])
+def test_the_simulated_sampler_runs_at_most_the_lookahead_ahead_of_the_trainer(tmp_path, lookahead, cursor, stamped):
+    """Four steps from trainer 7 (cursor 6): the sampler stamps batches only while the cursor is
+    below trainer + max_lookahead_versions, so it ends at 11 + lookahead - 1, never further."""
+    doc = state(c=6, a=7)
+    doc["config"]["max_lookahead_versions"] = lookahead
+    sim = rec(write_state(tmp_path, doc), simulate=True, steps=4).facts["simulation"]
+    assert sim["final"] == {"trainer": 11, "cursor": cursor, "admitted": cursor + 1}, sim["final"]
+    assert [r["step"] for r in sim["steps"]] == stamped, sim["steps"]
+
+
+@needs_torch
+def test_a_fallback_that_cannot_be_computed_leaves_the_field_unknown_without_a_source(nemo):
+    """training_info.json without the cursor, the trainer version and the step: the cursor's
+    fallback (trainer.version - 1) and the version's (trainer.step) compute nothing, so both fields
+    are unknown, with no provenance and no "derived" cursor source claimed for them."""
+    d = nemo(cursor=6, batches=7)
+    p = os.path.join(d, "training_info.json")
+    info = json.load(open(p))
+    for k in ("sampler_dispatch_index", "trainer_version", "current_step"):
+        del info[k]
+    json.dump(info, open(p, "w"))
+    rc, out, err = cli("reconcile", "--show-state", d)
+    doc = json.loads(out)
+    assert doc["sampler"].get("cursor") is None and doc["sampler"].get("cursor_source") is None, doc["sampler"]
+    assert doc["trainer"].get("version") is None, doc["trainer"]
+    assert not {"sampler.cursor", "trainer.version"} & set(doc["provenance"]), doc["provenance"]
+
+
+@needs_torch
+def test_an_absent_optional_file_gives_its_fields_default_and_says_so(nemo):
+    """No replacement_reserve.pt (nothing was pooled): reserve.prompts is the profile's default 0,
+    and the provenance says the file was absent; with the file there its length counts."""
+    d = nemo(cursor=6, batches=7)
+    rc, out, err = cli("reconcile", "--show-state", d)
+    doc = json.loads(out)
+    assert doc["reserve"]["prompts"] == 0, doc["reserve"]
+    assert doc["provenance"]["reserve.prompts"] == "default 0 (replacement_reserve.pt absent)", doc["provenance"]
+    d = nemo(step=8, cursor=7, batches=8, targets=(8,) * 4, reserve=3)
+    doc = json.loads(cli("reconcile", "--show-state", d)[1])
+    assert doc["reserve"]["prompts"] == 3 and doc["provenance"]["reserve.prompts"] == "replacement_reserve.pt:len(.)"
+
+
+def test_a_run_state_file_of_exactly_the_size_bound_is_read_and_one_byte_more_is_refused(tmp_path):
+    """The bound is inclusive: a state file of MAX_JSON_BYTES (64 MiB, here mostly trailing
+    spaces) is parsed; one byte more is the one-line "larger than" error."""
+    from ckptdoctor.engine.errors import InputError
+    from ckptdoctor.runstate.profiles import MAX_JSON_BYTES
+    body = json.dumps(state()).encode()
+    p = tmp_path / "state.json"
+    p.write_bytes(body + b" " * (MAX_JSON_BYTES - len(body)))
+    assert os.path.getsize(p) == MAX_JSON_BYTES
+    assert rec(str(p)).facts["positions"]["cursor"] == 6
+    with open(p, "ab") as fh:
+        fh.write(b" ")
+    with pytest.raises(InputError, match=rf"larger than {MAX_JSON_BYTES} bytes; not a run-state file$"):
+        rec(str(p))
+
+
+@pytest.mark.parametrize("unknown", ["sampler", "dataloader"])
+def test_a_cursor_dataloader_comparison_needs_both_and_one_unknown_is_no_crash(tmp_path, unknown):
+    """CKD303 compares the cursor with the dataloader: with either one unknown it says nothing (the
+    unknown field is reported as such), and never crashes."""
+    doc = state(c=6, a=9)
+    if unknown == "sampler":
+        del doc["sampler"]["cursor"]
+    else:
+        del doc["dataloader"]["batches_total"]
+    rep = rec(write_state(tmp_path, doc))
+    assert not {"CKD303", "CKD900"} & set(rep.rules()), [(f.rule, f.message) for f in rep.findings]

@@ -156,7 +156,8 @@ def test_orbax_verdict_matches_the_real_restore(wild, damage):
         errs = [f for f in rep.findings if f.severity == "error"]
         assert errs and all(f.rule == "CKD129" for f in errs), loud(rep)
         assert any(f.path.endswith(want["file"]) for f in errs), (want["file"], loud(rep))
-        assert_fires(rep, "CKD129", path_contains=want["file"])
+        hits = assert_fires(rep, "CKD129", path_contains=want["file"], severity="error")
+        assert len(hits) == 1, [h.message for h in hits]   # a file several nodes name is judged once
     assert rep.facts["layout"] == "orbax-run"
 
 
@@ -215,6 +216,7 @@ def test_lightning_last_copy_behind_the_newest_step(wild, variant):
     if LIGHTNING_RESUME[variant] < newest:
         hits = assert_fires(rep, "CKD119", path_contains="last.ckpt", severity="warning")
         assert f"holds step {LIGHTNING_RESUME[variant]}" in hits[0].message
+        assert hits[0].message.endswith(f"loses {newest - LIGHTNING_RESUME[variant]} step(s)"), hits[0].message
         assert not [f for f in rep.findings if f.severity == "error"]
     else:
         assert not loud(rep), loud(rep)
@@ -306,3 +308,16 @@ def test_a_conv_lora_adapter_is_judged_by_lora_a_and_a_grouped_conv_is_no_false_
     assert sorted(h.message.rsplit(": ", 1)[1] for h in hits) == [
         "base_model.model.conv.lora_A.weight has rank 4, the config says 8",
         "base_model.model.gconv.lora_A.weight has rank 4, the config says 8"], [h.message for h in hits]
+
+
+def test_an_orbax_items_file_walk_is_bounded_and_says_when_it_stopped(wild, monkeypatch):
+    """CKD129 judges at most OCDBT_MAX_FILES files of one item (a hostile b-tree could name
+    millions); past the bound it stops with a warning saying so -- never a silent pass. Here the
+    bound is lowered to 1 on the real Orbax run: the manifest is judged, the rest is announced."""
+    from ckptdoctor.checks import verify_components
+    monkeypatch.setattr(verify_components, "OCDBT_MAX_FILES", 1)
+    rep = api.verify(str(wild("orbax/run")))
+    hits = assert_fires(rep, "CKD129", severity="warning")
+    assert all(h.message.endswith("its b-tree names more than 1 files; the rest were not checked") for h in hits), \
+        [h.message for h in hits]
+    assert {h.details["checked"] for h in hits} == {1} and not [f for f in rep.findings if f.severity == "error"]

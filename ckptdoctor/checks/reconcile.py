@@ -93,7 +93,10 @@ def cursor_dataloader_mismatch(v, eng):
         return
     if p.a == p.c + 1:
         return
-    n = p.n or 0
+    n = p.n   # None: num_prompts_per_step unknown, so the batches are counted but not their prompts
+
+    def prompts(k: int) -> str:
+        return f"{k * n} prompt(s)" if n is not None else f"the prompts of {k} batch(es) (num_prompts_per_step unknown)"
     ev = _ev(v, "sampler.cursor", "dataloader.batches_in_epoch", "dataloader.batches_total")
     if p.a > p.c + 1:
         k = p.a - (p.c + 1)
@@ -108,17 +111,19 @@ def cursor_dataloader_mismatch(v, eng):
                 if sim else "")
         yield Hit(_at(v, "dataloader.batches_in_epoch"),
                   f"dataloader is {k} batch(es) ahead of the sampler cursor (batches_total {p.a}, cursor "
-                  f"{p.c}): the next batch pulled ({p.a}) is stamped step {p.c + 1}, so {k * n} prompt(s) "
+                  f"{p.c}): the next batch pulled ({p.a}) is stamped step {p.c + 1}, so {prompts(k)} "
                   f"are skipped and never trained{seen}",
-                  severity="error", details={"cursor": p.c, "admitted": p.a, "prompts_at_risk": k * n,
+                  severity="error", details={"cursor": p.c, "admitted": p.a,
+                                             "prompts_at_risk": k * n if n is not None else None,
                                              "repair": plan.new_cursor, "evidence": ev}, hint=fix)
     else:
         k = (p.c + 1) - p.a
         yield Hit(_at(v, "dataloader.batches_in_epoch"),
                   f"dataloader is {k} batch(es) behind the sampler cursor (batches_total {p.a}, cursor "
-                  f"{p.c}): re-yielded batches get new stamps and their buffered twins ({k * n} prompt(s)) "
+                  f"{p.c}): re-yielded batches get new stamps and their buffered twins ({prompts(k)}) "
                   f"are trained twice", severity="warning",
-                  details={"cursor": p.c, "admitted": p.a, "prompts_at_risk": k * n, "evidence": ev},
+                  details={"cursor": p.c, "admitted": p.a, "prompts_at_risk": k * n if n is not None else None,
+                           "evidence": ev},
                   hint="no automatic repair (it would need the cursor lowered and the buffer trimmed); "
                        "accept the duplicates or resume from an earlier checkpoint")
 
