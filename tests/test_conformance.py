@@ -219,3 +219,12 @@ def test_the_readme_states_for_each_family_the_library_version_and_case_count_it
         assert row[2] == world, (lib, row[2], world)
         checked += 1
     assert checked >= 5
+
+
+def test_a_too_old_loader_is_told_which_pickled_classes_it_lacks_by_name():
+    """CKD134 names what the .metadata pickles that the loader lacks: a checkpoint torch 2.15 wrote
+    needs a TensorProperties with 6 state fields (2.15+); torch 2.13 loading it is told so."""
+    rep = api.verify(str(TV / "2.15.0" / "plain"), loader_torch="2.13.0")
+    [hit] = [f for f in rep.findings if f.rule == "CKD134"]
+    assert hit.severity == "error" and "its .metadata pickles TensorProperties with 6 state fields, which torch " \
+        "reads only since 2.15" in hit.message, hit.message

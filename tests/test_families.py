@@ -196,16 +196,19 @@ def test_deepspeed_rank_grid(tmp_path):
 
 
 def test_a_deepspeed_world_not_recorded_is_counted_from_the_highest_rank_file_there(tmp_path):
-    """A model-states file that does not record dp_world_size (an older save): the data-parallel
-    world is the highest rank with a file, plus one, so one missing in the middle is "1 of 4"."""
+    """Model-states files that record neither dp_world_size nor mp_world_size (an older save): each
+    world is the highest rank with a file, plus one, so the last model-parallel rank is judged and
+    one partition missing in the middle of it is "3 of 4"."""
     run = tmp_path / "ds"
-    ds_tag(run / "global_step3", dp=4, mp=1)
-    torch.save({"module": sd(1), "global_steps": 3}, run / "global_step3" / "mp_rank_00_model_states.pt")
+    ds_tag(run / "global_step3", dp=4, mp=2)
+    for m in (0, 1):   # neither model-states file records the worlds
+        torch.save({"module": sd(1), "global_steps": 3}, run / "global_step3" / f"mp_rank_{m:02d}_model_states.pt")
     (run / "latest").write_text("global_step3")
-    os.remove(run / "global_step3" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt")
+    os.remove(run / "global_step3" / "bf16_zero_pp_rank_1_mp_rank_01_optim_states.pt")
     (hit,) = assert_fires(api.verify(str(run)), "CKD122", severity="error")
-    assert "data-parallel rank(s) 1 missing (have 3 of 4)" in hit.message, hit.message
-    assert hit.details["dp_world"] == 4 and hit.details["missing_dp"] == [1], hit.details
+    assert hit.message.startswith("model-parallel rank 1: ZeRO optim files of data-parallel rank(s) 1 missing "
+                                  "(have 3 of 4)"), hit.message
+    assert hit.details["dp_world"] == 4 and hit.details["missing_dp"] == [1] and hit.details["mp"] == 1, hit.details
 
 
 def test_many_missing_rank_files_are_named_five_and_counted(tmp_path):
@@ -579,3 +582,27 @@ def test_a_pickle_full_of_code_calls_names_its_first_twenty(tmp_path):
         z.writestr("archive/version", "3\n")
     (hit,) = assert_fires(api.verify(str(d)), "CKD127", path_contains="optimizer.pt", severity="error")
     assert hit.details["globals"] == [f"{os.system.__module__}.system"] * 20, hit.details["globals"]
+
+
+@pytest.mark.parametrize("room, scanned", [(0, True), (-1, False)])
+def test_a_pickle_exactly_at_the_scan_bound_is_scanned_and_one_byte_over_is_announced(tmp_path, monkeypatch,
+                                                                                      room, scanned):
+    """CKD127 reads a stored data.pkl of up to MAX_PICKLE_BYTES (inclusive) for calls that run code;
+    one past the bound is not read, and says so (a warning), never a silent pass. The bound is
+    lowered to the pickle's own size here."""
+    import zipfile
+    from ckptdoctor.io import ptfile
+    mod = os.system.__module__.encode()
+    data = b"\x80\x02c" + mod + b"\nsystem\nX\x04\x00\x00\x00true\x85R."   # never loaded here
+    d = tmp_path / "exported"
+    d.mkdir()
+    with zipfile.ZipFile(d / "optimizer.pt", "w") as z:   # stored, as torch.save writes it
+        z.writestr("archive/data.pkl", data)
+        z.writestr("archive/version", "3\n")
+    monkeypatch.setattr(ptfile, "MAX_PICKLE_BYTES", len(data) + room)
+    (hit,) = assert_fires(api.verify(str(d)), "CKD127", path_contains="optimizer.pt",
+                          severity="error" if scanned else "warning")
+    if scanned:
+        assert hit.details["globals"] == [f"{os.system.__module__}.system"], hit.details
+    else:
+        assert "was not scanned" in hit.message, hit.message

@@ -1037,11 +1037,14 @@ def test_a_repair_that_also_removes_duplicates_is_offered(tmp_path):
                                    "reason": "align the cursor to the dataloader: 6 -> 7"}, rep.facts["repair"]
 
 
-@pytest.mark.parametrize("d1, d2", [("a" * 64, "b" * 64), ("b" * 64, "a" * 64)])
+@pytest.mark.parametrize("d1, d2", [("0123456789abcdef" * 4, "fedcba9876543210" * 4),
+                                    ("fedcba9876543210" * 4, "0123456789abcdef" * 4)])
 def test_a_data_plane_digest_other_than_the_replay_files_is_an_error_either_way(tmp_path, d1, d2):
+    """Both digests shown by their first 16 hex digits, either way round."""
     doc = state(data_plane__manifest_digest=d1, buffer__manifest_digest=d2)
     (hit,) = assert_fires(rec(write_state(tmp_path, doc)), "CKD308", severity="error")
-    assert hit.message.startswith(f"data-plane manifest digest {d1[:16]} differs from the replay file's {d2[:16]}")
+    assert hit.message == (f"data-plane manifest digest {d1[:16]} differs from the replay file's {d2[:16]}: "
+                           f"NeMo-RL refuses this resume"), hit.message
 
 
 def test_an_unknown_capture_order_is_not_noted_as_a_buffer_captured_after_the_cursor(tmp_path):
@@ -1303,3 +1306,18 @@ def test_a_cursor_dataloader_comparison_needs_both_and_one_unknown_is_no_crash(t
         del doc["dataloader"]["batches_total"]
     rep = rec(write_state(tmp_path, doc))
     assert not {"CKD303", "CKD900"} & set(rep.rules()), [(f.rule, f.message) for f in rep.findings]
+
+
+@needs_torch
+def test_a_rollout_recovery_file_maps_its_groups_as_persisted_in_flight_groups(nemo):
+    """NeMo-RL's rollout_recovery.pt holds the groups that were generating at the save: mapped
+    into inflight.groups, marked persisted (so the simulation restores them) and shown as such."""
+    import torch
+    d = nemo(cursor=6, batches=7)
+    torch.save({"groups": [{"group_id": f"g{i}", "target_step": 8, "prompt_id": 32 + i} for i in range(2)]},
+               os.path.join(d, "rollout_recovery.pt"))
+    doc = json.loads(cli("reconcile", "--show-state", d)[1])
+    assert doc["inflight"]["persisted"] is True, doc["inflight"]
+    assert [(g["target_step"], g["prompt_id"], g["status"]) for g in doc["inflight"]["groups"]] == \
+        [(8, 32, "inflight"), (8, 33, "inflight")], doc["inflight"]
+    assert doc["capture"] == {"cursor_with_dataloader": True, "buffer_with_cursor": False}, doc["capture"]

@@ -290,7 +290,12 @@ def test_a_missing_optimizer_file_names_the_newest_checkpoint_that_has_it(wild):
     os.remove(run / "checkpoint_2" / "optimizer.bin")
     (hit,) = assert_fires(api.verify(str(run)), "CKD123", path_contains="checkpoint_2/optimizer.bin", severity="error")
     assert hit.details["peer"] == "checkpoint_1", hit.details
-    assert hit.message.startswith("optimizer.bin is missing although checkpoint_1 has it: "), hit.message
+    assert hit.message.startswith("optimizer.bin is missing although checkpoint_1 has it: resuming here silently "
+                                  "restarts the optimizer state"), hit.message
+    os.remove(run / "checkpoint_2" / "scheduler.bin")
+    hits = assert_fires(api.verify(str(run)), "CKD123", path_contains="checkpoint_2/scheduler.bin", severity="error")
+    assert hits[0].message.startswith("scheduler.bin is missing although checkpoint_1 has it: resuming here "
+                                      "silently restarts the LR schedule"), hits[0].message
 
 
 def test_a_conv_lora_adapter_is_judged_by_lora_a_and_a_grouped_conv_is_no_false_alarm(wild):
