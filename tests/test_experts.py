@@ -116,3 +116,22 @@ def test_an_expert_count_of_0_in_a_config_is_no_count_and_the_next_key_is_read(t
     assert hit.details["expected_from"].endswith("config.json:num_local_experts") and "2 of 4 experts" in hit.message, hit
     (d / "config.json").write_text(json.dumps({"num_experts": 0}))
     assert "CKD109" not in api.verify(str(d)).rules()
+
+
+@pytest.mark.parametrize("saved, dots", [(8, False), (7, True)])
+def test_missing_experts_are_listed_up_to_eight_then_elided_and_the_saved_ones_kept_up_to_64(tmp_path, saved, dots):
+    """CKD109 on per-expert keys: the missing indices are listed, the first eight of them, with
+    "..." only when there are more than eight; the saved indices go to the details (up to 64)."""
+    d = tmp_path / "ck"
+    W.write(str(d), [W.Item(f"layers.0.mlp.experts.{i}.w", (2,), (0,), (2,), [1.0, 2.0], rank=0) for i in range(saved)])
+    (hit,) = assert_fires(api.verify(str(d), num_experts=16), "CKD109", severity="error")
+    missing = list(range(saved, 16))
+    assert hit.message.endswith(f"(missing {missing[:8]}{'...' if dots else ''})"), hit.message
+    assert hit.details["saved"] == list(range(saved))
+
+
+def test_the_saved_expert_indices_in_a_finding_are_bounded_at_64(tmp_path):
+    d = tmp_path / "ck"
+    W.write(str(d), [W.Item(f"layers.0.mlp.experts.{i}.w", (2,), (0,), (2,), [1.0, 2.0], rank=0) for i in range(65)])
+    (hit,) = assert_fires(api.verify(str(d), num_experts=128), "CKD109", severity="error")
+    assert hit.details["saved"] == list(range(64)) and "65 of 128 experts saved" in hit.message, hit.message

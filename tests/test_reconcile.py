@@ -1321,3 +1321,22 @@ def test_a_rollout_recovery_file_maps_its_groups_as_persisted_in_flight_groups(n
     assert [(g["target_step"], g["prompt_id"], g["status"]) for g in doc["inflight"]["groups"]] == \
         [(8, 32, "inflight"), (8, 33, "inflight")], doc["inflight"]
     assert doc["capture"] == {"cursor_with_dataloader": True, "buffer_with_cursor": False}, doc["capture"]
+
+
+def test_a_recorded_batches_total_is_never_replaced_by_one_derived_from_the_epoch(tmp_path):
+    """batches_total is derived from batches_in_epoch only when it is not recorded: a state file
+    that records both keeps its own total (the epoch position does not overwrite it)."""
+    doc = state(c=6, a=7)
+    doc["dataloader"]["batches_in_epoch"] = 3
+    assert rec(write_state(tmp_path, doc)).facts["positions"]["dataloader_admitted"] == 7
+    del doc["dataloader"]["batches_total"]   # epoch 0: the total is the epoch's position
+    assert rec(write_state(tmp_path, doc)).facts["positions"]["dataloader_admitted"] == 3
+
+
+def test_a_late_run_whose_dataloader_agrees_with_its_cursor_has_no_gap(tmp_path):
+    """Step numbers of real runs run into the thousands: cursor 2999 and dataloader 3000 agree
+    (compared by value), so CKD303 says nothing."""
+    doc = state(c=2999, a=3000, targets=(3000,) * 4)
+    doc["trainer"].update(step=3000, version=3000)
+    rep = rec(write_state(tmp_path, doc))
+    assert "CKD303" not in rep.rules(), [(f.rule, f.message) for f in rep.findings]
