@@ -188,6 +188,8 @@ def test_a_stored_dict_is_recognised_from_its_first_bytes_and_a_damaged_item_dec
     [s] = [s for s in md.storage if s.fqn == "extra"]
     rep = api.verify(str(ck), loader_torch="2.4.1")
     assert [f.rule for f in rep.findings if f.severity == "error"] == ["CKD134"], rep.findings
+    [hit] = [f for f in rep.findings if f.rule == "CKD134"]
+    assert "it stores the non-tensor dict(s) 'extra' whole (written before torch 2.4)" in hit.message, hit.message
     FIRED.add("CKD134")
     data = bytearray((ck / s.relative_path).read_bytes())
     data[s.file_offset:s.file_offset + 4] = b"XXXX"     # no zip local header where the item starts

@@ -606,3 +606,20 @@ def test_a_pickle_exactly_at_the_scan_bound_is_scanned_and_one_byte_over_is_anno
         assert hit.details["globals"] == [f"{os.system.__module__}.system"], hit.details
     else:
         assert "was not scanned" in hit.message, hit.message
+
+
+def test_a_pickle_calling_many_kinds_of_code_names_five_in_its_message(tmp_path):
+    """CKD127's message names five distinct calls (sorted), the details every call found."""
+    import zipfile
+    names = [b"system", b"kill", b"execv", b"popen", b"remove", b"rmdir"]
+    mod = os.system.__module__.encode()
+    data = b"\x80\x02(" + b"".join(b"c" + mod + b"\n" + n + b"\nX\x01\x00\x00\x00x\x85R" for n in names) + b"l."
+    d = tmp_path / "exported"
+    d.mkdir()
+    with zipfile.ZipFile(d / "optimizer.pt", "w") as z:
+        z.writestr("archive/data.pkl", data)
+        z.writestr("archive/version", "3\n")
+    (hit,) = assert_fires(api.verify(str(d)), "CKD127", path_contains="optimizer.pt", severity="error")
+    calls = sorted(f"{mod.decode()}.{n.decode()}" for n in names)
+    assert f"its pickle calls {', '.join(calls[:5])}: loading it" in hit.message, hit.message
+    assert sorted(hit.details["globals"]) == calls

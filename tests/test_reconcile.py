@@ -1340,3 +1340,31 @@ def test_a_late_run_whose_dataloader_agrees_with_its_cursor_has_no_gap(tmp_path)
     doc["trainer"].update(step=3000, version=3000)
     rep = rec(write_state(tmp_path, doc))
     assert "CKD303" not in rep.rules(), [(f.rule, f.message) for f in rep.findings]
+
+
+@needs_torch
+def test_a_config_without_a_key_takes_the_frameworks_default_and_says_so(nemo):
+    """config.yaml present but without async_rl.sampler.max_lookahead_versions or
+    rollout_failure.on_dropped_prompt: NeMo-RL's own defaults (1, shrink) apply, with a provenance
+    naming the absent key."""
+    import yaml
+    d = nemo(cursor=6, batches=7, lookahead=3)
+    p = os.path.join(d, "config.yaml")
+    cfg = yaml.safe_load(open(p))
+    del cfg["async_rl"]["sampler"]["max_lookahead_versions"]
+    del cfg["async_rl"]["rollout_failure"]
+    yaml.safe_dump(cfg, open(p, "w"))
+    doc = json.loads(cli("reconcile", "--show-state", d)[1])
+    assert doc["config"]["max_lookahead_versions"] == 1 and doc["config"]["on_dropped_prompt"] == "shrink", doc["config"]
+    assert doc["provenance"]["config.max_lookahead_versions"] == \
+        "default 1 (no async_rl.sampler.max_lookahead_versions in config.yaml)", doc["provenance"]
+
+
+def test_with_one_prompt_per_step_an_empty_step_is_not_full(tmp_path):
+    """num_prompts_per_step 1: a step holding no group is short like any other, so raising the
+    cursor over it is refused as a stall."""
+    doc = state(c=6, a=9, targets=(7,))
+    doc["config"]["num_prompts_per_step"] = 1
+    rep = rec(write_state(tmp_path, doc))
+    assert rep.facts["repair"]["available"] is False and rep.facts["repair"]["reason"].startswith(
+        "step(s) 8 in (6, 8] do not hold exactly 1 groups"), rep.facts["repair"]
