@@ -85,6 +85,29 @@ def test_index_maps_tensor_to_wrong_shard(hf_sharded):
     assert "not in its header" in msgs and "different shard" in msgs
 
 
+@pytest.mark.parametrize("delta", [-1, 1])
+def test_an_index_total_size_other_than_the_shards_bytes_is_a_warning_either_way(hf_sharded, delta):
+    """metadata.total_size one byte under or over what the shards hold: a warning (tied weights can
+    explain it), stated with both numbers."""
+    p = hf_sharded / "model.safetensors.index.json"
+    idx = json.loads(p.read_text())
+    true_total = idx["metadata"]["total_size"]
+    idx["metadata"]["total_size"] = true_total + delta
+    p.write_text(json.dumps(idx))
+    (hit,) = assert_fires(api.verify(str(hf_sharded)), "CKD121", path_contains="index.json", severity="warning")
+    assert hit.message == f"metadata.total_size is {true_total + delta} but the shards hold {true_total} tensor bytes"
+
+
+def test_a_shard_the_index_does_not_name_is_a_warning_naming_it(hf_sharded):
+    import shutil
+    idx = json.loads((hf_sharded / "model.safetensors.index.json").read_text())
+    first = sorted(set(idx["weight_map"].values()))[0]
+    shutil.copy(hf_sharded / first, hf_sharded / "model-00099-of-00099.safetensors")
+    hits = assert_fires(api.verify(str(hf_sharded)), "CKD121", path_contains="model-00099-of-00099.safetensors",
+                        severity="warning")
+    assert hits[0].message == "model-00099-of-00099.safetensors is not referenced by model.safetensors.index.json"
+
+
 # ---- HF Trainer ------------------------------------------------------------------------------------
 def trainer_ckpt(d, step, optimizer=True):
     from safetensors.torch import save_file
@@ -146,6 +169,20 @@ def test_a_staging_leftover_that_cannot_be_listed_is_still_reported_with_its_siz
     monkeypatch.setattr(fs.LocalStorage, "listdir", listdir)
     (hit,) = assert_fires(api.verify(str(run)), "CKD124", path_contains="tmp-checkpoint-1000", severity="warning")
     assert hit.details["bytes"] is None and hit.details["dir"] == "tmp-checkpoint-1000", hit.details
+
+
+def test_a_trainer_state_json_of_many_kilobytes_is_read_whole(tmp_path):
+    """trainer_state.json grows with log_history (hundreds of KB in long runs): one of ~200 KB parses,
+    and its global_step is checked like a small one's."""
+    run = tmp_path / "out"
+    trainer_ckpt(run / "checkpoint-500", 500)
+    p = run / "checkpoint-500" / "trainer_state.json"
+    p.write_text(json.dumps({"global_step": 500, "log_history": [{"loss": 0.5, "step": i} for i in range(8000)]}))
+    assert os.path.getsize(p) > 100_000
+    rep = api.verify(str(run))
+    assert "CKD126" not in rep.rules() and rep.facts["resume_from"] == "checkpoint-500", rep.findings
+    p.write_text(json.dumps({"global_step": 499, "log_history": [{"loss": 0.5, "step": i} for i in range(8000)]}))
+    assert_fires(api.verify(str(run)), "CKD126", path_contains="trainer_state.json", severity="error")
 
 
 def test_hf_trainer_run(tmp_path):

@@ -353,6 +353,8 @@ def test_nemo_rl_derived_cursor_cannot_be_fixed_in_place(nemo):
     assert rep.facts["positions"]["cursor"] == 6
     hits = assert_fires(rep, "CKD303")
     assert hits[0].details["evidence"]["sampler.cursor"].startswith("derived")
+    (cur,) = assert_fires(rep, "CKD301")   # a derived cursor lives in no file: the finding points at the checkpoint
+    assert cur.path == d, (cur.path, d)
     rc, out, err = cli("reconcile", "--fix", d)
     assert rc == 2 and "derived" in err
 
@@ -1368,3 +1370,13 @@ def test_with_one_prompt_per_step_an_empty_step_is_not_full(tmp_path):
     rep = rec(write_state(tmp_path, doc))
     assert rep.facts["repair"]["available"] is False and rep.facts["repair"]["reason"].startswith(
         "step(s) 8 in (6, 8] do not hold exactly 1 groups"), rep.facts["repair"]
+
+
+@needs_torch
+def test_a_value_the_config_states_is_never_replaced_by_the_frameworks_default(nemo):
+    """async_rl.sampler.max_lookahead_versions: 3 in config.yaml is 3 (the default 1 is only for a
+    config that lacks the key)."""
+    d = nemo(cursor=6, batches=7, lookahead=3)
+    doc = json.loads(cli("reconcile", "--show-state", d)[1])
+    assert doc["config"]["max_lookahead_versions"] == 3, doc["config"]
+    assert doc["provenance"]["config.max_lookahead_versions"] == "config.yaml:async_rl.sampler.max_lookahead_versions"

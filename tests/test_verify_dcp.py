@@ -448,3 +448,14 @@ def test_more_than_five_items_without_a_storage_record_are_named_five_and_counte
     hits = assert_fires(api.verify(str(d)), "CKD133", path_contains=".metadata", severity="error")
     assert len(hits) == 6 and all(h.details.get("missing_records") == 6 for h in hits[:5]), [h.message for h in hits]
     assert hits[5].message == "1 more items without a storage record" and hits[5].details == {"more": 1}, hits[5]
+
+
+def test_exactly_five_items_without_a_storage_record_are_all_named_and_nothing_more(real):
+    d = real("dcp_4rank")
+
+    def drop_five(md):
+        for idx in list(md.storage_data)[:5]:
+            del md.storage_data[idx]
+    _edit_metadata(d, drop_five)
+    hits = assert_fires(api.verify(str(d)), "CKD133", path_contains=".metadata", severity="error")
+    assert len(hits) == 5 and not [h for h in hits if "more" in h.details], [h.message for h in hits]

@@ -121,7 +121,9 @@ def test_peft_rank_and_target_modules_must_match_the_config(wild):
 def test_trainer_written_checkpoint_damage(wild):
     run = wild("hf-trainer")
     os.remove(run / "checkpoint-2" / "scheduler.pt")
-    assert_fires(api.verify(str(run)), "CKD123", path_contains="checkpoint-2/scheduler.pt", severity="error")
+    (hit,) = assert_fires(api.verify(str(run)), "CKD123", path_contains="checkpoint-2/scheduler.pt", severity="error")
+    assert hit.message.startswith("scheduler.pt is missing beside optimizer.pt: resuming here silently restarts "
+                                  "both the optimizer state and the LR schedule"), hit.message
     raw = (run / "checkpoint-1" / "trainer_state.json").read_bytes()
     (run / "checkpoint-1" / "trainer_state.json").write_bytes(raw[:50])
     assert_fires(api.verify(str(run)), "CKD126", path_contains="checkpoint-1/trainer_state.json")
