@@ -1380,3 +1380,14 @@ def test_a_value_the_config_states_is_never_replaced_by_the_frameworks_default(n
     doc = json.loads(cli("reconcile", "--show-state", d)[1])
     assert doc["config"]["max_lookahead_versions"] == 3, doc["config"]
     assert doc["provenance"]["config.max_lookahead_versions"] == "config.yaml:async_rl.sampler.max_lookahead_versions"
+
+
+@needs_torch
+def test_a_mapped_file_larger_than_the_bound_is_refused_by_its_listed_size_unread(nemo):
+    """A checkpoint file the profile maps (config.yaml here) listed at 64 MiB + 10 bytes: refused
+    from its size alone (CKD313 says how large and the limit), never read."""
+    d = nemo(cursor=6, batches=7)
+    os.truncate(os.path.join(d, "config.yaml"), (64 << 20) + 10)   # sparse: nothing to read in it
+    hits = assert_fires(rec(d), "CKD313")
+    assert any(h.message == "67108874 bytes is too large for a run-state file (limit 67108864)" for h in hits), \
+        [h.message for h in hits]
