@@ -603,20 +603,27 @@ def test_every_code_global_of_a_protocol_4_pickle_is_named_even_when_its_module_
     assert sorted(hit.details["globals"]) == [f"{os.system.__module__}.kill", f"{os.system.__module__}.system"]
 
 
-def test_a_pickle_full_of_code_calls_names_its_first_twenty(tmp_path):
-    """CKD127 on a pickle that calls code 30 times: the finding's details list the first 20 calls
-    (a bounded scan: the verdict does not need the rest)."""
-    import pickletools
+def _exported_optimizer(tmp_path, data: bytes):
+    """A directory holding optimizer.pt: a torch.save-style zip (stored members) whose data.pkl is
+    `data` -- hand-assembled opcodes, never loaded here."""
     import zipfile
-    mod = os.system.__module__.encode()
-    call = b"c" + mod + b"\nsystem\nX\x04\x00\x00\x00true\x85R"   # GLOBAL, 'true', TUPLE1, REDUCE
-    data = b"\x80\x02(" + call * 30 + b"l."                          # a list of 30 calls; never loaded here
-    assert sum(op.name == "GLOBAL" for op, _a, _p in pickletools.genops(data)) == 30
     d = tmp_path / "exported"
     d.mkdir()
     with zipfile.ZipFile(d / "optimizer.pt", "w") as z:
         z.writestr("archive/data.pkl", data)
         z.writestr("archive/version", "3\n")
+    return d
+
+
+def test_a_pickle_full_of_code_calls_names_its_first_twenty(tmp_path):
+    """CKD127 on a pickle that calls code 30 times: the finding's details list the first 20 calls
+    (a bounded scan: the verdict does not need the rest)."""
+    import pickletools
+    mod = os.system.__module__.encode()
+    call = b"c" + mod + b"\nsystem\nX\x04\x00\x00\x00true\x85R"   # GLOBAL, 'true', TUPLE1, REDUCE
+    data = b"\x80\x02(" + call * 30 + b"l."                          # a list of 30 calls; never loaded here
+    assert sum(op.name == "GLOBAL" for op, _a, _p in pickletools.genops(data)) == 30
+    d = _exported_optimizer(tmp_path, data)
     (hit,) = assert_fires(api.verify(str(d)), "CKD127", path_contains="optimizer.pt", severity="error")
     assert hit.details["globals"] == [f"{os.system.__module__}.system"] * 20, hit.details["globals"]
 
@@ -627,15 +634,10 @@ def test_a_pickle_exactly_at_the_scan_bound_is_scanned_and_one_byte_over_is_anno
     """CKD127 reads a stored data.pkl of up to MAX_PICKLE_BYTES (inclusive) for calls that run code;
     one past the bound is not read, and says so (a warning), never a silent pass. The bound is
     lowered to the pickle's own size here."""
-    import zipfile
     from ckptdoctor.io import ptfile
     mod = os.system.__module__.encode()
     data = b"\x80\x02c" + mod + b"\nsystem\nX\x04\x00\x00\x00true\x85R."   # never loaded here
-    d = tmp_path / "exported"
-    d.mkdir()
-    with zipfile.ZipFile(d / "optimizer.pt", "w") as z:   # stored, as torch.save writes it
-        z.writestr("archive/data.pkl", data)
-        z.writestr("archive/version", "3\n")
+    d = _exported_optimizer(tmp_path, data)
     monkeypatch.setattr(ptfile, "MAX_PICKLE_BYTES", len(data) + room)
     (hit,) = assert_fires(api.verify(str(d)), "CKD127", path_contains="optimizer.pt",
                           severity="error" if scanned else "warning")
@@ -647,15 +649,10 @@ def test_a_pickle_exactly_at_the_scan_bound_is_scanned_and_one_byte_over_is_anno
 
 def test_a_pickle_calling_many_kinds_of_code_names_five_in_its_message(tmp_path):
     """CKD127's message names five distinct calls (sorted), the details every call found."""
-    import zipfile
     names = [b"system", b"kill", b"execv", b"popen", b"remove", b"rmdir"]
     mod = os.system.__module__.encode()
     data = b"\x80\x02(" + b"".join(b"c" + mod + b"\n" + n + b"\nX\x01\x00\x00\x00x\x85R" for n in names) + b"l."
-    d = tmp_path / "exported"
-    d.mkdir()
-    with zipfile.ZipFile(d / "optimizer.pt", "w") as z:
-        z.writestr("archive/data.pkl", data)
-        z.writestr("archive/version", "3\n")
+    d = _exported_optimizer(tmp_path, data)
     (hit,) = assert_fires(api.verify(str(d)), "CKD127", path_contains="optimizer.pt", severity="error")
     calls = sorted(f"{mod.decode()}.{n.decode()}" for n in names)
     assert f"its pickle calls {', '.join(calls[:5])}: loading it" in hit.message, hit.message
