@@ -328,3 +328,24 @@ def test_an_orbax_items_file_walk_is_bounded_and_says_when_it_stopped(wild, monk
     assert all(h.message.endswith("its b-tree names more than 1 files; the rest were not checked") for h in hits), \
         [h.message for h in hits]
     assert {h.details["checked"] for h in hits} == {1} and not [f for f in rep.findings if f.severity == "error"]
+
+
+def test_other_files_beside_lightnings_checkpoints_do_not_hide_a_newer_step(wild):
+    """Lightning's checkpoint directory can hold other files (a hparams.yaml, notes): CKD119 still
+    finds the step checkpoint newer than last.ckpt past them (the `behind` case of make_lightning_last.py)."""
+    d = wild("lightning-last/behind/checkpoints")
+    for name in ("a-notes.txt", "hparams.yaml"):
+        (d / name).write_text("x\n")
+    newest = max(int(p.name.split("step=")[1].split(".")[0]) for p in d.glob("epoch=*"))
+    (hit,) = assert_fires(api.verify(str(d)), "CKD119", path_contains="last.ckpt", severity="warning")
+    assert f"is at step {newest}" in hit.message, hit.message
+
+
+def test_a_sibling_without_its_commit_marker_is_no_witness_for_a_missing_file(wild):
+    """CKD123's "missing although X has it" names only siblings whose commit markers are there: a
+    checkpoint_0 that died before its random_states file proves nothing about what a save holds."""
+    run = wild("accelerate/checkpoints")
+    os.remove(run / "checkpoint_0" / "random_states_0.pkl")
+    os.remove(run / "checkpoint_1" / "optimizer.bin")
+    rep = api.verify(str(run))
+    assert not [f for f in rep.findings if "has it" in f.message], [(f.rule, f.message) for f in rep.findings]
