@@ -657,3 +657,14 @@ def test_a_pickle_calling_many_kinds_of_code_names_five_in_its_message(tmp_path)
     calls = sorted(f"{mod.decode()}.{n.decode()}" for n in names)
     assert f"its pickle calls {', '.join(calls[:5])}: loading it" in hit.message, hit.message
     assert sorted(hit.details["globals"]) == calls
+
+
+def test_a_trainer_state_json_of_exactly_256_mib_is_read_and_judged_by_its_content(tmp_path):
+    """The trainer_state.json bound is 256 MiB, inclusive: a file of exactly that size (a real one
+    padded with NUL bytes) is read and named as invalid JSON by what its content is (the NULs after
+    the document), not refused by its size."""
+    run = tmp_path / "out"
+    trainer_ckpt(run / "checkpoint-500", 500)
+    os.truncate(run / "checkpoint-500" / "trainer_state.json", 256 << 20)
+    (hit,) = assert_fires(api.verify(str(run)), "CKD126", path_contains="trainer_state.json", severity="error")
+    assert hit.message.startswith("trainer_state.json is not valid JSON (Extra data: line 1 column"), hit.message

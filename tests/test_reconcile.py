@@ -1391,3 +1391,14 @@ def test_a_mapped_file_larger_than_the_bound_is_refused_by_its_listed_size_unrea
     hits = assert_fires(rec(d), "CKD313")
     assert any(h.message == "67108874 bytes is too large for a run-state file (limit 67108864)" for h in hits), \
         [h.message for h in hits]
+
+
+def test_a_wrongly_typed_value_is_quoted_to_60_characters_in_its_one_line_error(tmp_path):
+    """A run-state field of the wrong type: the error names the field and quotes the value as JSON,
+    cut to 60 characters (a 200-character string stays one readable line)."""
+    from ckptdoctor.engine.errors import InputError
+    doc = state()
+    doc["trainer"]["version"] = "v" * 200
+    quoted = json.dumps("v" * 200)[:60]
+    with pytest.raises(InputError, match=r"trainer\.version: expected int, got " + quoted + "$"):
+        rec(write_state(tmp_path, doc))

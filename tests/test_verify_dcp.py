@@ -88,12 +88,18 @@ def test_overwritten_slice_is_not_a_zip(real):
     assert_fires(rep, "CKD105", path_contains="__1_0.distcp")
 
 
-def test_stray_nonempty_shard(real):
+@pytest.mark.parametrize("size", [1, 100])
+def test_stray_nonempty_shard(real, size):
+    """A .distcp the metadata does not name is a warning from its first byte (an empty one is
+    DCP's own dedup placeholder and is no finding)."""
     d = real("dcp_4rank")
-    (d / "__9_0.distcp").write_bytes(b"x" * 100)
+    (d / "__9_0.distcp").write_bytes(b"x" * size)
     rep = api.verify(str(d))
-    assert_fires(rep, "CKD106", path_contains="__9_0.distcp", severity="warning")
+    (hit,) = assert_fires(rep, "CKD106", path_contains="__9_0.distcp", severity="warning")
+    assert hit.message == f"__9_0.distcp ({size} bytes) is not referenced by the metadata", hit.message
     assert not rep.failed()
+    (d / "__9_0.distcp").write_bytes(b"")
+    assert "CKD106" not in api.verify(str(d)).rules()
 
 
 def test_shard_rewritten_after_marker(real):

@@ -349,3 +349,14 @@ def test_a_sibling_without_its_commit_marker_is_no_witness_for_a_missing_file(wi
     os.remove(run / "checkpoint_1" / "optimizer.bin")
     rep = api.verify(str(run))
     assert not [f for f in rep.findings if "has it" in f.message], [(f.rule, f.message) for f in rep.findings]
+
+
+def test_nvrx_a_replica_of_a_higher_ranks_file_does_not_stand_for_a_ranks_own_either(wild):
+    """The mirror of the case above: rank 0's directory holds rank 1's newest file (a replica) but
+    not its own; rank 0 cannot load iteration 200 (an error naming 0/iter_0000200_0_local.pt)."""
+    root = wild("nvrx/healthy")
+    os.unlink(root / "0" / "iter_0000200_0_local.pt")
+    shutil.copy2(root / "1" / "iter_0000200_1_local.pt", root / "0" / "iter_0000200_1_local.pt")
+    rep = api.verify(str(root))
+    (hit,) = assert_fires(rep, "CKD118", severity="error")
+    assert "0/iter_0000200_0_local.pt" in hit.message, hit.message
