@@ -1402,3 +1402,12 @@ def test_a_wrongly_typed_value_is_quoted_to_60_characters_in_its_one_line_error(
     quoted = json.dumps("v" * 200)[:60]
     with pytest.raises(InputError, match=r"trainer\.version: expected int, got " + quoted + "$"):
         rec(write_state(tmp_path, doc))
+
+
+def test_a_late_run_stall_counts_the_groups_its_step_holds(tmp_path):
+    """Trainer 3000 with two of four groups for step 3000 and nothing more to come: the simulation
+    stalls there and says it holds 2 (step numbers compared by value, as a long run has them)."""
+    doc = state(c=3000, a=3001, targets=(3000, 3000))
+    doc["trainer"].update(step=3000, version=3000)
+    sim = rec(write_state(tmp_path, doc), simulate=True, steps=1).facts["simulation"]
+    assert sim["stalled_at"] == {"step": 3000, "have": 2, "need": 4}, sim["stalled_at"]

@@ -58,7 +58,7 @@ def test_truncated_shard_reports_expected_and_actual(real):
     rep = api.verify(str(d))
     hit = assert_fires(rep, "CKD104", path_contains="__1_0.distcp")[0]
     assert hit.details["actual_bytes"] == 1000
-    assert hit.details["expected_min_bytes"] == 3154
+    assert hit.details["expected_min_bytes"] == 3154 and hit.details["missing_bytes"] == 2154, hit.details
 
 
 def test_a_shard_deleted_after_the_listing_is_named_with_the_systems_reason_and_fails_closed(real, monkeypatch):
@@ -104,11 +104,11 @@ def test_stray_nonempty_shard(real, size):
 
 def test_shard_rewritten_after_marker(real):
     d = real("dcp_4rank")
-    m = (d / ".metadata").stat().st_mtime
-    os.utime(d / "__3_0.distcp", (m + 60, m + 60))
+    m = (d / ".metadata").stat().st_mtime_ns
+    os.utime(d / "__3_0.distcp", ns=(m + 60_123_456_789, m + 60_123_456_789))
     rep = api.verify(str(d))
     hit = assert_fires(rep, "CKD107", path_contains="__3_0.distcp", severity="error")[0]  # no copy takes 60 s for 1.5 KB
-    assert hit.details["max_seconds_after_marker"] == pytest.approx(60, abs=1)
+    assert hit.details["max_seconds_after_marker"] == pytest.approx(60.123, abs=2e-3), hit.details   # to the ms
 
 
 def test_cp_r_mtimes_within_tolerance_pass(real):
