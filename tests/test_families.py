@@ -232,14 +232,18 @@ def test_deepspeed_rank_grid(tmp_path):
     assert_fires(api.verify(str(run)), "CKD113")
 
 
-def test_a_deepspeed_world_not_recorded_is_counted_from_the_highest_rank_file_there(tmp_path):
-    """Model-states files that record neither dp_world_size nor mp_world_size (an older save): each
-    world is the highest rank with a file, plus one, so the last model-parallel rank is judged and
-    one partition missing in the middle of it is "3 of 4"."""
+@pytest.mark.parametrize("recorded", [None, -4, 0, True, 1 << 21])
+def test_a_deepspeed_world_not_recorded_is_counted_from_the_highest_rank_file_there(tmp_path, recorded):
+    """Model-states files that record neither dp_world_size nor mp_world_size (an older save), or
+    record a world no job has (negative, zero, a bool, past 2**20): each world is the highest rank
+    with a file, plus one, so the last model-parallel rank is judged and one partition missing in
+    the middle of it is "3 of 4"."""
     run = tmp_path / "ds"
     ds_tag(run / "global_step3", dp=4, mp=2)
-    for m in (0, 1):   # neither model-states file records the worlds
-        torch.save({"module": sd(1), "global_steps": 3}, run / "global_step3" / f"mp_rank_{m:02d}_model_states.pt")
+    worlds = {} if recorded is None else {"dp_world_size": recorded, "mp_world_size": recorded}
+    for m in (0, 1):   # neither model-states file records a usable world
+        torch.save({"module": sd(1), "global_steps": 3, **worlds},
+                   run / "global_step3" / f"mp_rank_{m:02d}_model_states.pt")
     (run / "latest").write_text("global_step3")
     os.remove(run / "global_step3" / "bf16_zero_pp_rank_1_mp_rank_01_optim_states.pt")
     (hit,) = assert_fires(api.verify(str(run)), "CKD122", severity="error")
@@ -571,8 +575,13 @@ def test_a_pickle_too_large_to_scan_is_not_cleared_and_is_not_read_whole(tmp_pat
         z.writestr("archive/data.pkl", body,
                    compress_type=zipfile.ZIP_DEFLATED if how.startswith("deflated") else zipfile.ZIP_STORED)
         z.writestr("archive/version", "3\n")
+    from ckptdoctor.io import fs
+    reads, real = [], fs.LocalStorage.read_range
+    monkeypatch.setattr(fs.LocalStorage, "read_range",
+                        lambda self, rel, start, n: reads.append((rel, n)) or real(self, rel, start, n))
     hit = assert_fires(api.verify(str(d)), "CKD127", path_contains="optimizer.pt", severity="warning")[0]
     assert "not scanned" in hit.message and hit.details["limit_bytes"] == 1 << 20
+    assert reads and max(n for _rel, n in reads) <= 1 << 20, reads   # no read past the bound it announced
     with zipfile.ZipFile(d / "optimizer.pt", "w") as z:
         z.writestr("archive/data.pkl", pickle.dumps({"step": 3}, protocol=2), compress_type=zipfile.ZIP_DEFLATED)
         z.writestr("archive/version", "3\n")

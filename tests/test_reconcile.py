@@ -205,6 +205,8 @@ def test_every_field_nullable_and_unknown_is_not_zero(tmp_path):
     ('{"schema": "something/else"}', "expected 'ckptdoctor.run_state/v1'"),
     ('{"schema": "ckptdoctor.run_state/v1", "sampler": {"cursor": "six"}}', "sampler.cursor: expected int"),
     ('{"schema": "ckptdoctor.run_state/v1", "trainer": {"steps": 1}}', "unknown field(s) steps"),
+    ('{"schema": "ckptdoctor.run_state/v1", "buffer": {"groups": [{"target_step": 7, "status": "done"}]}}',
+     "buffer.groups[0].status 'done': use one of"),
     ("{not json", "not valid JSON"),
 ])
 def test_bad_state_file_is_one_line_exit_2(tmp_path, content, words):
@@ -213,6 +215,16 @@ def test_bad_state_file_is_one_line_exit_2(tmp_path, content, words):
     rc, out, err = cli("reconcile", str(p))
     assert rc == 2 and words in err and str(p) in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_group_whose_status_is_not_recorded_is_read_as_unknown(tmp_path):
+    """A buffer group without a status is a group of unknown status, not a bad state file."""
+    doc = state()
+    for g in doc["buffer"]["groups"]:
+        del g["status"]
+    rc, out, err = cli("reconcile", "-f", "json", write_state(tmp_path, doc))
+    assert rc in (0, 1) and not err.strip(), err
+    assert "CKD301" in {f["rule"] for f in json.loads(out)["findings"]}
 
 
 def test_simulate_json_contract(tmp_path):
@@ -295,6 +307,18 @@ def test_nemo_rl_seed_case_aligned(nemo):
     hits = assert_fires(rep, "CKD301", severity="warning", path_contains="training_info.json")
     assert hits[0].details["evidence"]["sampler.cursor"] == "training_info.json:sampler_dispatch_index"
     assert_no_errors(rep)
+
+
+@needs_torch
+def test_a_group_field_of_the_wrong_type_in_a_real_checkpoint_is_named_and_read_as_unknown(nemo):
+    """A replay-buffer group whose target_step is not an integer (7.5) is a CKD313 error naming the
+    file it came from and the field, and that group's step is unknown: never coerced, never a
+    crash of the whole read."""
+    d = nemo(cursor=6, batches=7, targets=(7.5, 7, 7, 7))
+    rep = rec(d)
+    hit = assert_fires(rep, "CKD313", path_contains="replay_buffer_metadata.pt", severity="error")[0]
+    assert hit.message == "buffer.groups[0].target_step: expected int, got 7.5 (treated as unknown)", hit.message
+    assert_fires(rep, "CKD301", severity="warning")   # the other three groups are still judged
 
 
 @needs_torch
@@ -748,7 +772,8 @@ def test_a_latest_status_naming_a_missing_step_shows_the_last_three_that_exist(t
 
 
 @pytest.mark.parametrize("url", ["s3://b/run/step_7/info.json", "gcs://b/run/info.json", "s3a://b/info.json",
-                                 "oss://b/info.json", "https://h/x/info.json", "hdfs://nn/info.json"])
+                                 "oss://b/info.json", "https://h/x/info.json", "hdfs://nn/info.json",
+                                 "https://h/a", "file:///a"])
 def test_a_provenance_naming_a_file_under_any_url_scheme_keeps_the_url_whole(url):
     """The field follows the first colon after the scheme's "://" -- a three-letter scheme (gcs,
     s3a, oss) included."""

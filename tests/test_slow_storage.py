@@ -15,6 +15,7 @@ import pytest
 
 from ckptdoctor.io import fs
 from ckptdoctor.layouts import dcp_writer as W
+from ckptdoctor import api
 from tests.helpers import cli
 
 
@@ -144,10 +145,31 @@ def test_the_gate_does_not_read_the_shards_of_checkpoints_it_will_not_load(tmp_p
     assert doc["facts"]["gate"]["passed"] is True
     assert not [f for f in doc["findings"] if f["rule"] == "CKD105"]
     rows = {row["name"]: row for row in doc["facts"]["checkpoints"]}
-    assert rows["iter_0000100"]["data_read"] is False and rows["iter_0000200"]["data_read"] is False
-    assert "data_read" not in rows["iter_0000300"]
+    assert list(rows) == ["iter_0000300"] and "data_read" not in rows["iter_0000300"]
+    assert doc["facts"]["not_judged"] == ["iter_0000100", "iter_0000200"]
     text = cli("verify", "--target", "resume", str(root))[1]
-    assert "not read by the gate: the shard contents of iter_0000100, iter_0000200" in text
+    assert "not judged by the gate: iter_0000100, iter_0000200" in text
+
+
+def test_the_gate_lists_only_the_target_when_it_is_complete(tmp_path, monkeypatch):
+    root = _run_root(tmp_path)
+    listed = []
+    real = fs.LocalStorage.listdir
+    monkeypatch.setattr(fs.LocalStorage, "listdir", lambda self, rel="": listed.append(rel) or real(self, rel))
+    rep = api.verify(str(root), target="resume")
+    assert not rep.failed() and sorted(listed) == ["", "iter_0000300"]
+
+
+def test_a_checkpoint_newer_than_the_target_is_still_judged_by_the_gate(tmp_path):
+    root = _run_root(tmp_path)
+    (root / "latest_checkpointed_iteration.txt").write_text("200")
+    _overwrite_record_header(root / "iter_0000300" / "__1_0.distcp")   # newer, and not loaded: listed, not read
+    (root / "iter_0000300" / "__2_0.distcp").unlink()                     # ... and incomplete
+    doc = json.loads(cli("verify", "--target", "resume", "--format", "json", str(root))[1])
+    rows = {row["name"]: row for row in doc["facts"]["checkpoints"]}
+    assert sorted(rows) == ["iter_0000200", "iter_0000300"] and rows["iter_0000300"]["data_read"] is False
+    assert rows["iter_0000300"]["complete"] is False and doc["facts"]["not_judged"] == ["iter_0000100"]
+    assert doc["facts"]["gate"]["passed"] is True
 
 
 def test_verifying_every_checkpoint_still_reads_every_shard(tmp_path):

@@ -38,9 +38,25 @@ def test_relaunch_gate_judges_only_what_resumes(run_with_old_breakage):
     assert rc == 1  # judging everything: the old broken checkpoint fails
     rc, out, _ = cli("verify", "--target", "resume", "-f", "json", str(root))
     doc = json.loads(out)
-    hits = [f for f in doc["findings"] if f["rule"] == "CKD104"]
-    assert rc == 0 and hits and hits[0]["severity"] == "info" and hits[0]["details"]["gated_from"] == "error"
+    assert rc == 0 and not [f for f in doc["findings"] if f["rule"] == "CKD104"]
     assert doc["facts"]["resume_from"] == "iter_0000200" and doc["facts"]["target"] == "resume"
+    assert doc["facts"]["not_judged"] == ["iter_0000100"]      # older than a complete target: not opened
+    assert [r["name"] for r in doc["facts"]["checkpoints"]] == ["iter_0000200"]
+    text = cli("verify", "--target", "resume", str(root))[1]
+    assert "not judged by the gate: iter_0000100" in text
+
+
+def test_a_broken_resume_target_has_the_older_checkpoints_judged_for_a_fallback(run_with_old_breakage):
+    root = run_with_old_breakage
+    iter_dir(root / "iter_0000050", 50)
+    os.truncate(root / "iter_0000200" / "__0_0.distcp", 10)
+    doc = json.loads(cli("verify", "--target", "resume", "-f", "json", str(root))[1])
+    assert doc["facts"]["gate"]["passed"] is False
+    old = [f for f in doc["findings"] if f["rule"] == "CKD104" and "iter_0000100" in f["path"]]
+    assert old and old[0]["severity"] == "info" and old[0]["details"]["gated_from"] == "error"
+    dangling = [f for f in doc["findings"] if f["rule"] == "CKD113"]
+    assert dangling and dangling[0]["details"]["newest_complete"] == "iter_0000050"
+    assert doc["facts"]["newest_complete"] == "iter_0000050" and "not_judged" not in doc["facts"]
 
 
 def test_relaunch_gate_fails_when_the_resume_target_is_broken(run_with_old_breakage):

@@ -111,6 +111,18 @@ def test_shard_rewritten_after_marker(real):
     assert hit.details["max_seconds_after_marker"] == pytest.approx(60.123, abs=2e-3), hit.details   # to the ms
 
 
+def test_a_rewrite_after_the_marker_is_named_by_its_newest_shard(real):
+    """CKD107 with two shards rewritten after the marker names the newer one and its gap: the one
+    that bounds how long after the commit the directory was still being written."""
+    d = real("dcp_4rank")
+    m = (d / ".metadata").stat().st_mtime_ns
+    os.utime(d / "__1_0.distcp", ns=(m + 300_000_000_000,) * 2)
+    os.utime(d / "__3_0.distcp", ns=(m + 60_000_000_000,) * 2)
+    (hit,) = assert_fires(api.verify(str(d)), "CKD107", severity="error")
+    assert "__1_0.distcp" in hit.path and "2 shard(s) modified after the commit marker" in hit.message
+    assert "(newest __1_0.distcp, 300.0 s later" in hit.message, hit.message
+
+
 def test_cp_r_mtimes_within_tolerance_pass(real):
     """A plain `cp -r` gives fresh mtimes within a second in directory order: must pass."""
     d = real("dcp_4rank")

@@ -117,6 +117,20 @@ def test_peft_rank_and_target_modules_must_match_the_config(wild):
     assert any("not in target_modules" in m and "c_attn" in m for m in msgs)
 
 
+@pytest.mark.parametrize("config", ["{\"r\": 4,", "[" * 200_000 + "]" * 200_000])
+def test_an_adapter_config_that_is_not_json_is_one_finding_quoting_the_parser_to_80_characters(wild, config):
+    """A truncated adapter_config.json, or one nested past the parser's recursion limit, is a CKD128
+    error naming the file and quoting the parser's words (at most 80 characters), never a crash."""
+    d = wild("peft-adapter")
+    (d / "adapter_config.json").write_text(config)
+    try:
+        json.loads(config)
+    except (ValueError, RecursionError) as exc:
+        said = str(exc)
+    (hit,) = assert_fires(api.verify(str(d)), "CKD128", path_contains="adapter_config.json", severity="error")
+    assert hit.message == f"adapter_config.json is not valid JSON ({said[:80]})", hit.message
+
+
 # ---- transformers Trainer -------------------------------------------------------------------------
 def test_trainer_written_checkpoint_damage(wild):
     run = wild("hf-trainer")

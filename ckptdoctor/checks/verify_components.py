@@ -30,10 +30,12 @@ def required_component_missing(ck, eng):
                       hint="copy the file from the source (a copy that skipped it), or resume from an "
                            "older checkpoint")
     opt = tuple(lay.extra.get("optimizer_files", ()))
+    rng = lay.extra.get("rng_files")
     # siblings of the same family whose commit markers are there (a broken or unreadable sibling
-    # proves nothing; CKD901 reports an unreadable one)
+    # proves nothing; CKD901 reports an unreadable one); listed only for a family that compares
+    # with them (the relaunch gate lists no older checkpoint it does not need, issue 42)
     peers = []
-    for c in (ck.run.checkpoints if ck.run is not None else ()):
+    for c in (ck.run.checkpoints if ck.run is not None and (opt or rng) else ()):
         try:
             if c is not ck and c.layout is lay and all(c.matching(group) for group in lay.markers):
                 c.files  # noqa: B018 - listed now, so the uses below cannot fail
@@ -59,7 +61,6 @@ def required_component_missing(ck, eng):
                       details={"file": f, "peer": having[-1]},
                       hint="a save that died before this file, or a copy that skipped it; resume from "
                            f"{having[-1]} or restore the file")
-    rng = lay.extra.get("rng_files")
     if rng:
         yield from _rng_set(ck, re.compile(rng), peers, lay.extra.get("rng_name", "rng_state_{rank}.pth"))
 

@@ -66,7 +66,8 @@ class VerifyFacts(Facts):
     kind: Any = UNSET                 # "run" | "checkpoint"
     layout: Any = UNSET
     slice: Any = UNSET                # {"k", "n", "units", "bytes"} with --slice
-    checkpoints: Any = UNSET          # table rows
+    checkpoints: Any = UNSET          # table rows (of the checkpoints judged)
+    not_judged: Any = UNSET           # --target resume: older checkpoints the gate had no need to judge
     newest_complete: Any = UNSET
     resume_from: Any = UNSET
     target: Any = UNSET               # "all" | "resume"

@@ -5,6 +5,8 @@ agree on the family, the step directories and (through `RunView.resume_target`) 
 """
 from __future__ import annotations
 
+import functools
+
 from ..values import value
 
 from ..io.fs import Storage
@@ -156,12 +158,16 @@ def _by_local_files(st: Storage, dirs: set[str]):
 
 def _checkpoint(st: Storage, name: str, among: tuple[str, ...], step, run) -> CheckpointView:
     probe = CheckpointView(st, name, spec.get(among[0]) if among else None, step, run)
+    probe._decide = functools.partial(_detect, among)   # from its listing, when first asked
+    return probe
+
+
+def _detect(among: tuple[str, ...], view: CheckpointView):
     try:
-        files, dirs = set(probe.files), set(probe.dirs)
+        files, dirs = set(view.files), set(view.dirs)
     except OSError:
         files, dirs = set(), set()
-    probe.layout = spec.detect("checkpoint", files, dirs, among=among, name=name) or probe.layout
-    return probe
+    return spec.detect("checkpoint", files, dirs, among=among, name=view.name)
 
 
 def _file_checkpoint(st: Storage, name: str, among: tuple[str, ...], step, run) -> CheckpointView:

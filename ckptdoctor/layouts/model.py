@@ -58,7 +58,8 @@ class DcpRead:
 class CheckpointView:
     def __init__(self, storage: Storage, rel: str, layout: Layout | None, step: int | None = None,
                  run: "RunView | None" = None):
-        self.storage, self.rel, self.layout, self.step, self.run = storage, rel, layout, step, run
+        self.storage, self.rel, self._layout, self.step, self.run = storage, rel, layout, step, run
+        self._decide = None   # decides the layout from the listing when first asked (see `layout`)
         self.display = storage.show(rel)
         self.name = rel.rsplit("/", 1)[-1] if rel else storage.display.rstrip("/").rsplit("/", 1)[-1]
         self.results: dict[str, Any] = {}  # per-view results shared by the checks of one area
@@ -69,6 +70,20 @@ class CheckpointView:
 
     def __str__(self):
         return self.display
+
+    @property
+    def layout(self) -> Layout | None:
+        """The family's checkpoint layout.  A run root's checkpoint is told apart from its siblings'
+        layouts by its own listing, made when something first asks: the relaunch gate never lists
+        the checkpoints older than a complete resume target (issue 42)."""
+        decide = self._decide
+        if decide is not None:   # set only once decided: a second thread asking meanwhile decides too
+            self._layout, self._decide = decide(self) or self._layout, None
+        return self._layout
+
+    @layout.setter
+    def layout(self, layout: Layout | None) -> None:
+        self._layout, self._decide = layout, None
 
     def path(self, name: str) -> str:
         return self.storage.show(self.storage.join(self.rel, name))
@@ -220,6 +235,9 @@ class RunView:
         self.display = storage.display
         self.checkpoints: list[CheckpointView] = []
         self.status: dict[str, CheckpointStatus] = {}
+        # verify sets it: a checkpoint not judged yet is judged the first time a rule needs its
+        # status (the relaunch gate leaves checkpoints older than a complete target unjudged).
+        self.judge = None
 
     def __str__(self):
         return self.display
@@ -227,12 +245,22 @@ class RunView:
     def step_of(self, name: str) -> int | None:
         return self.layout.steps.step(name)
 
+    def status_of(self, c: CheckpointView) -> CheckpointStatus:
+        """`c`'s verdict, judged now if nothing has judged it yet (without a judge: complete)."""
+        s = self.status.get(c.name)
+        if s is None:
+            if self.judge is None:
+                return CheckpointStatus(c)
+            s = self.status[c.name] = self.judge(c)
+        return s
+
     def complete(self) -> list[CheckpointView]:
-        return [c for c in self.checkpoints if self.status.get(c.name, CheckpointStatus(c)).complete]
+        return [c for c in self.checkpoints if self.status_of(c).complete]
 
     def newest_complete(self) -> CheckpointView | None:
-        done = [c for c in self.complete() if c.step is not None]
-        return max(done, key=lambda c: c.step) if done else None
+        """Judged newest first, so a complete newest checkpoint answers without the older ones."""
+        stepped = sorted((c for c in self.checkpoints if c.step is not None), key=lambda c: c.step, reverse=True)
+        return next((c for c in stepped if self.status_of(c).complete), None)
 
     @cached
     def tracker(self) -> trackers.TrackerState:
@@ -268,10 +296,11 @@ class RunView:
             t = self.tracker.target
             return t if t in names else None
         stepped = [c for c in self.checkpoints if c.step is not None]
-        if policy == "newest-with-marker":
-            stepped = [c for c in stepped if c.matching(self.layout.resume_markers)]
-        if policy in ("newest-dir", "newest-with-marker"):
+        if policy == "newest-dir":
             return max(stepped, key=lambda c: c.step).name if stepped else None
+        if policy == "newest-with-marker":   # listed newest first: the older ones only while none has it
+            stepped.sort(key=lambda c: c.step, reverse=True)
+            return next((c.name for c in stepped if c.matching(self.layout.resume_markers)), None)
         return None
 
 

@@ -109,6 +109,11 @@ def render(report, out, plain: bool | None = None) -> None:
         con.print(Text(f"not read by the gate: the shard contents of {', '.join(unread[:4])}"
                        f"{f' and {len(unread) - 4} more' if len(unread) > 4 else ''} (listed and sized only; "
                        f"--target all reads them)", style="dim"))
+    skipped = facts.get("not_judged") if cmd == "verify" else None
+    if skipped:
+        con.print(Text(f"not judged by the gate: {', '.join(skipped[:4])}"
+                       f"{f' and {len(skipped) - 4} more' if len(skipped) > 4 else ''} (older than the "
+                       f"resume target; --target all judges them)", style="dim"))
     if gate:
         con.print(Text(f"relaunch gate: {'pass' if gate['passed'] else 'FAIL'} - {gate['why']}",
                        style="bold green" if gate["passed"] else "bold red"))

@@ -204,24 +204,28 @@ def map_checkpoint(st: Storage, profile: Profile, overrides: dict[str, dict] | N
     doc["capture"].update({k: v for k, v in profile.capture.items() if k in FIELDS["capture"]})
     doc["source"] = {"framework": profile.framework, "profile": profile.id, "checkpoint": name or st.display}
     _run_section(doc, prov, profile, m, parent, name)
-    _sanitize(doc, m)
+    _sanitize(doc, m, prov)
     rs = normalize({"schema": "ckptdoctor.run_state/v1", **doc, "provenance": prov}, st.display)
-    rs.notes = [f"{st.show(f)}: {msg}" if f else msg for f, msg in m.notes]
+    rs.notes = [f"{st.show(f) if f else st.display}: {msg}" for f, msg in m.notes]   # CKD313: "PATH: what"
     derive(rs)
     return rs
 
 
-def _sanitize(doc: dict, m: Mapping) -> None:
-    """A mapped value of the wrong type is noted and treated as unknown, never coerced."""
+def _sanitize(doc: dict, m: Mapping, prov: dict[str, str]) -> None:
+    """A mapped value of the wrong type is noted (against the file it came from) and treated as
+    unknown, never coerced."""
     from ..engine.errors import InputError
-    from .schema import GROUP_FIELDS, STATUSES, _typed
+    from .schema import GROUP_FIELDS, STATUSES, Provenance, _typed
+
+    def source(field: str) -> str:
+        return Provenance.parse(prov.get(field)).file or "" if field in prov else ""
     for sec, spec in FIELDS.items():
         for key, kind in spec.items():
             v = _jsonable(doc[sec].get(key))
             try:
                 doc[sec][key] = _typed(v, kind, f"{sec}.{key}")
             except InputError as exc:
-                m.notes.append(("", f"{exc} (treated as unknown)"))
+                m.notes.append((source(f"{sec}.{key}"), f"{exc} (treated as unknown)"))
                 doc[sec][key] = None
     for sec in ("buffer", "inflight"):
         groups = []
@@ -232,7 +236,7 @@ def _sanitize(doc: dict, m: Mapping) -> None:
                 try:
                     out[key] = _typed(g.get(key), kind, f"{sec}.groups[{i}].{key}")
                 except InputError as exc:
-                    m.notes.append(("", f"{exc} (treated as unknown)"))
+                    m.notes.append((source(f"{sec}.groups"), f"{exc} (treated as unknown)"))
                     out[key] = None
             if out["status"] not in STATUSES:
                 out["status"] = None
