@@ -106,15 +106,17 @@ def test_the_expert_count_is_read_from_a_config_json_of_up_to_1_mib(tmp_path, pa
         assert "CKD109" not in rep.rules()
 
 
-def test_an_expert_count_of_0_in_a_config_is_no_count_and_the_next_key_is_read(tmp_path):
+@pytest.mark.parametrize("none", [0, -4])
+def test_an_expert_count_of_0_in_a_config_is_no_count_and_the_next_key_is_read(tmp_path, none):
     """A config can carry `num_experts: 0` for a dense model (or dense text tower) and the real count
-    under another key (e.g. `num_local_experts`): 0 is not a count, the next key is."""
+    under another key (e.g. `num_local_experts`): 0 is not a count, nor is a negative one; the next
+    key is."""
     d = tmp_path / "ck"
     W.write(str(d), [W.Item(f"layers.0.mlp.experts.{i}.w", (2,), (0,), (2,), [1.0, 2.0], rank=0) for i in (0, 1)])
-    (d / "config.json").write_text(json.dumps({"num_experts": 0, "num_local_experts": 4}))
+    (d / "config.json").write_text(json.dumps({"num_experts": none, "num_local_experts": 4}))
     (hit,) = assert_fires(api.verify(str(d)), "CKD109", severity="error")
     assert hit.details["expected_from"].endswith("config.json:num_local_experts") and "2 of 4 experts" in hit.message, hit
-    (d / "config.json").write_text(json.dumps({"num_experts": 0}))
+    (d / "config.json").write_text(json.dumps({"num_experts": none}))
     assert "CKD109" not in api.verify(str(d)).rules()
 
 

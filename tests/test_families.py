@@ -70,8 +70,10 @@ def test_index_cross_check(hf_sharded):
     shards = sorted(set(idx["weight_map"].values()))
     os.remove(hf_sharded / shards[-1])
     rep = api.verify(str(hf_sharded))
-    hits = assert_fires(rep, "CKD121", path_contains=shards[-1])
-    assert "missing" in hits[0].message
+    hits = assert_fires(rep, "CKD121", path_contains=shards[-1], severity="error")
+    n = sum(1 for v in idx["weight_map"].values() if v == shards[-1])
+    assert n >= 2 and hits[0].message == (f"shard {shards[-1]} named by model.safetensors.index.json is missing "
+                                          f"({n} tensors)"), hits[0].message
 
 
 def test_index_maps_tensor_to_wrong_shard(hf_sharded):

@@ -1004,6 +1004,17 @@ def _at8(**kw):
     return doc
 
 
+def test_positions_of_a_long_run_are_compared_by_value(tmp_path):
+    """A cursor of 100,000 with the dataloader at 100,001 agrees (CKD301 says so, CKD303 is
+    silent): positions past the interpreter's small-integer cache compare as numbers."""
+    doc = state(c=100_000, a=100_001, targets=(100_001,) * 4)
+    doc["trainer"].update(step=100_001, version=100_001)
+    rep = rec(write_state(tmp_path, doc))
+    (hit,) = assert_fires(rep, "CKD301", severity="warning")
+    assert "the dataloader agrees with the cursor (batches_total 100001)" in hit.message, hit.message
+    assert "CKD303" not in rep.rules()
+
+
 def test_the_prompts_at_risk_count_batches_from_an_odd_cursor_either_way(tmp_path):
     """CKD303 counts batches between the dataloader and the cursor + 1, for an odd cursor too, and
     times them by the prompts per step (2 batches of 4 = 8 prompts)."""
