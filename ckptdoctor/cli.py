@@ -217,7 +217,8 @@ def verify(
                                          help="Force a layout (see `ckptdoctor layouts`)."),
     target: Target = typer.Option(Target.all, "--target", help="all: every checkpoint decides the exit status; "
                                   "resume: the relaunch gate, only the tracker and the checkpoint the framework "
-                                  "will resume from (findings elsewhere become info)."),
+                                  "will resume from (findings in newer ones become info; older ones are not "
+                                  "read unless the target is broken)."),
     num_experts: int | None = typer.Option(None, "--num-experts", help="Expected expert count for "
                                               "CKD109 (default: from config.json)."),
     mtime_tolerance: float | None = typer.Option(None, "--mtime-tolerance", help="Seconds a shard may "
