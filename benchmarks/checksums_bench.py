@@ -9,12 +9,10 @@ before every run).  Peak RSS of hashing one 4 GiB file comes from the child's ru
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import statistics
 from pathlib import Path
 

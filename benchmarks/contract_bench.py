@@ -44,7 +44,7 @@ def main(n: int = 8, mib: int = 128):
         gib = n * mib / 1024
         print(f"{gib:.0f} GiB in {n} files, page-cached, {os.cpu_count()} cores\n")
         print("| command | median | GB/s | ratio (xxhsum / command) |\n|---|---|---|---|")
-        for name, t in ((f"xxhsum -H128 FILES", xx), ("ckptdoctor contract check RUN", ckd), ("python -c pass", py)):
+        for name, t in (("xxhsum -H128 FILES", xx), ("ckptdoctor contract check RUN", ckd), ("python -c pass", py)):
             print(f"| `{name}` | {t:.3f} s | {n * mib * MiB / t / 1e9:.2f} | {xx / t:.2f}x |")
         print(f"\nmarginal (start-up of a contract check without data, {t0:.3f} s, subtracted): "
               f"{n * mib * MiB / (ckd - t0) / 1e9:.2f} GB/s = {(ckd - t0) and xx / (ckd - t0):.2f}x xxhsum")

@@ -8,7 +8,6 @@ growth can be read directly: 10x more entries should cost at most about 10x.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys

@@ -3,9 +3,7 @@ Each one guards a mutant in scripts/mutation_check.py that once survived the who
 import io
 import json
 import os
-import pickle
 import struct
-import zipfile
 
 import pytest
 

@@ -1,6 +1,5 @@
 """The public contract: exit codes, JSON and SARIF output, selection, config, torch-free paths."""
 import json
-import os
 import sys
 
 import pytest

@@ -601,7 +601,7 @@ def test_allow_fresh_never_passes_a_mixed_allocation_in_either_mode(four, tmp_pa
     assert rc == 1 and {"CKD407", "CKD409", "CKD406"} & {f["rule"] for f in rep["findings"]}, rep["findings"]
     for extra in (["--allow-fresh"], []):
         (tmp_path / f"v{len(extra)}").mkdir()
-        files = _views(root, ["n1", "n2"], tmp_path / f"v{len(extra)}", *extra)
+        _views(root, ["n1", "n2"], tmp_path / f"v{len(extra)}", *extra)
         rc, out, err = cli("preflight", "--views", str(tmp_path / f"v{len(extra)}"), "--nodelist", "n[1-2]", "-f", "json")
         doc = json.loads(out)
         about_n2 = [f["rule"] for f in doc["findings"] if f["details"].get("node") == "n2" and

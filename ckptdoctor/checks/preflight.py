@@ -62,9 +62,9 @@ def _where_else(pf, name, rels: list[str], node: str) -> str:
     """Where the files a node lacks are: on other nodes of this allocation, nowhere in it, or (with
     --local, which sees one node) unknown."""
     if pf.local:
-        return (f"this node does not hold them; --local sees only this node, so they may be on another node "
-                f"of the allocation or outside it: copy them here, or judge the whole allocation "
-                f"(preflight --views, or LOCATION with {{node}})")
+        return ("this node does not hold them; --local sees only this node, so they may be on another node "
+                "of the allocation or outside it: copy them here, or judge the whole allocation "
+                "(preflight --views, or LOCATION with {node})")
     if pf.shared:
         return "restore them on the shared storage (from the old node set or durable storage) before relaunching"
     held: dict[str, list[str]] = {}

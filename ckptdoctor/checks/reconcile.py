@@ -95,6 +95,9 @@ def cursor_dataloader_mismatch(v, eng):
         return
     n = p.n   # None: num_prompts_per_step unknown, so the batches are counted but not their prompts
 
+    def at_risk(k: int) -> int | None:
+        return k * n if n is not None else None
+
     def prompts(k: int) -> str:
         return f"{k * n} prompt(s)" if n is not None else f"the prompts of {k} batch(es) (num_prompts_per_step unknown)"
     ev = _ev(v, "sampler.cursor", "dataloader.batches_in_epoch", "dataloader.batches_total")
@@ -114,7 +117,7 @@ def cursor_dataloader_mismatch(v, eng):
                   f"{p.c}): the next batch pulled ({p.a}) is stamped step {p.c + 1}, so {prompts(k)} "
                   f"are skipped and never trained{seen}",
                   severity="error", details={"cursor": p.c, "admitted": p.a,
-                                             "prompts_at_risk": k * n if n is not None else None,
+                                             "prompts_at_risk": at_risk(k),
                                              "repair": plan.new_cursor, "evidence": ev}, hint=fix)
     else:
         k = (p.c + 1) - p.a
@@ -122,7 +125,7 @@ def cursor_dataloader_mismatch(v, eng):
                   f"dataloader is {k} batch(es) behind the sampler cursor (batches_total {p.a}, cursor "
                   f"{p.c}): re-yielded batches get new stamps and their buffered twins ({prompts(k)}) "
                   f"are trained twice", severity="warning",
-                  details={"cursor": p.c, "admitted": p.a, "prompts_at_risk": k * n if n is not None else None,
+                  details={"cursor": p.c, "admitted": p.a, "prompts_at_risk": at_risk(k),
                            "evidence": ev},
                   hint="no automatic repair (it would need the cursor lowered and the buffer trimmed); "
                        "accept the duplicates or resume from an earlier checkpoint")

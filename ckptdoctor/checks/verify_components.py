@@ -136,28 +136,29 @@ def _json_marker(ck, f: str):
     metadata.json was fetched twice per checkpoint, issue 42's harness).  A file the listing sizes
     past MARKER_CONFIG_MAX, or that grew past it since, is not read.  OSError: unreadable."""
     key = ("json_marker", f)
-    if key not in ck.results:
-        import json
-        try:
-            raw = ck.storage.read(ck.relpath(f), MARKER_CONFIG_MAX) if ck.files[f].size <= MARKER_CONFIG_MAX \
-                else None
-        except OSError as exc:
-            ck.results[key] = exc
-        except ValueError:   # larger than the bound when read
-            raw = None
-        if key not in ck.results:
-            if raw is None:
-                got = (None, f"is larger than {MARKER_CONFIG_MAX >> 20} MiB (not read)")
-            else:
-                try:
-                    got = (json.loads(raw), None)
-                except (ValueError, RecursionError) as exc:
-                    got = (None, f"is not valid JSON ({str(exc)[:80]})")
-            ck.results[key] = got
-    got = ck.results[key]
+    got = ck.results.get(key)
+    if got is None:
+        got = ck.results[key] = _read_json_marker(ck, f)
     if isinstance(got, OSError):
         raise got
     return got
+
+
+def _read_json_marker(ck, f: str):
+    """(document, problem), or the OSError that reading raised."""
+    import json
+    try:
+        raw = ck.storage.read(ck.relpath(f), MARKER_CONFIG_MAX) if ck.files[f].size <= MARKER_CONFIG_MAX else None
+    except OSError as exc:
+        return exc
+    except ValueError:   # larger than the bound when read
+        raw = None
+    if raw is None:
+        return None, f"is larger than {MARKER_CONFIG_MAX >> 20} MiB (not read)"
+    try:
+        return json.loads(raw), None
+    except (ValueError, RecursionError) as exc:
+        return None, f"is not valid JSON ({str(exc)[:80]})"
 
 
 @check("CKD136", "checkpoint")
