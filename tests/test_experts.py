@@ -55,6 +55,24 @@ def test_per_expert_keys_missing_indices(tmp_path):
     assert "CKD109" not in api.verify(str(d)).rules()  # nothing to compare against: no claim
 
 
+@pytest.mark.parametrize("shape, fires", [((4, 16), True), ((8, 16), False), ((2, 4, 16), True)])
+def test_a_stacked_expert_tensor_of_two_dimensions_is_judged_too(tmp_path, shape, fires):
+    """A stacked expert tensor of two dimensions (a per-expert bias, [experts, width]) holding one EP
+    group's half of 8 experts is CKD109's error, as a 3-D weight is; the whole set is no finding."""
+    d = tmp_path / "ck"
+    n = 1
+    for x in shape:
+        n *= x
+    W.write(str(d), [W.Item("layers.0.mlp.experts.gate_up_proj_bias", shape, (0,) * len(shape), shape,
+                            [0.5] * n, rank=0)])
+    rep = api.verify(str(d), num_experts=8)
+    if fires:
+        (hit,) = assert_fires(rep, "CKD109", severity="error")
+        assert hit.details["global_shape"] == list(shape) and f"{shape[0]} local experts" in hit.message, hit.message
+    else:
+        assert "CKD109" not in rep.rules()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -144,6 +144,18 @@ def test_per_process_rng_files_are_counted_against_the_run_and_a_full_set_is_no_
         assert [(f.severity, f.message) for f in rng] == [("warning", warned)], [(f.rule, f.message) for f in rng]
 
 
+def test_a_checkpoints_own_highest_rng_file_counts_its_processes_without_a_sibling(tmp_path):
+    """Alone in its run, a checkpoint holding rng_state_0, _1 and _3 was written by 4 processes:
+    process 2's file is missing ("1 of 4")."""
+    run = tmp_path / "out"
+    trainer_ckpt(run / "checkpoint-1000", 1000)
+    os.remove(run / "checkpoint-1000" / "rng_state.pth")
+    for r in (0, 1, 3):
+        torch.save({"python": 1, "cpu": torch.get_rng_state()}, run / "checkpoint-1000" / f"rng_state_{r}.pth")
+    (hit,) = [f for f in api.verify(str(run)).findings if "RNG" in f.message]
+    assert (hit.severity, hit.message) == ("warning", "1 of 4 per-process RNG files missing: rng_state_2.pth")
+
+
 def test_a_single_process_rng_file_is_a_whole_set_beside_a_sibling_with_only_process_0s(tmp_path):
     """rng_state.pth (what Trainer writes when the world is one process) next to a sibling holding
     only rng_state_0.pth: one process each, nothing missing, no RNG warning."""
@@ -268,6 +280,19 @@ def test_many_missing_rank_files_are_named_five_and_counted(tmp_path):
     assert hit.details["missing_files"] == gone, hit.details
 
 
+def test_the_missing_rank_files_of_a_large_job_are_kept_to_the_first_100_and_all_counted(tmp_path):
+    """102 of 104 ZeRO partitions missing: the details list the first 100 file names (a bounded
+    report), the missing ranks every one."""
+    run = tmp_path / "ds"
+    ds_tag(run / "global_step3", dp=104, mp=1)
+    (run / "latest").write_text("global_step3")
+    gone = [f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(2, 104)]
+    for f in gone:
+        os.remove(run / "global_step3" / f)
+    (hit,) = assert_fires(api.verify(str(run)), "CKD122", severity="error")
+    assert hit.details["missing_files"] == gone[:100] and hit.details["missing_dp"] == list(range(2, 104)), hit.details
+
+
 # ---- verl --------------------------------------------------------------------------------------------
 def verl_step(d, step, world=2):
     for comp in ("actor", "critic"):
@@ -299,6 +324,20 @@ def test_verl_run(tmp_path):
     assert hits[0].details["missing_ranks"] == [1] and hits[0].details["kind"] == "optim"
     assert hits[0].details["missing_files"] == ["actor/optim_world_size_2_rank_1.pt"]
     assert "actor/optim_world_size_2_rank_1.pt" in hits[0].message
+
+
+def test_verl_rank_files_missing_from_a_large_world_are_listed_to_the_first_100(tmp_path):
+    """An actor of world size 104 with only ranks 0 and 1 on disk: CKD122 counts all 102 missing
+    ranks and lists the first 100 file names (a bounded report)."""
+    ck = tmp_path / "verl" / "global_step_20"
+    (ck / "actor").mkdir(parents=True)
+    for r in (0, 1):
+        for kind in ("model", "optim", "extra_state"):
+            torch.save({"rank": r}, ck / "actor" / f"{kind}_world_size_104_rank_{r}.pt")
+    (ck / "actor" / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": 104}))
+    hits = [h for h in assert_fires(api.verify(str(ck)), "CKD122", severity="error") if h.details.get("kind") == "model"]
+    assert hits[0].details["missing_ranks"] == list(range(2, 104))
+    assert hits[0].details["missing_files"] == [f"actor/model_world_size_104_rank_{r}.pt" for r in range(2, 102)]
 
 
 def test_verl_a_critic_rank_file_missing_is_named_even_when_the_actor_directory_is_gone(tmp_path):
@@ -612,6 +651,24 @@ def test_every_code_global_of_a_protocol_4_pickle_is_named_even_when_its_module_
         z.writestr("archive/version", "3\n")
     hit = assert_fires(api.verify(str(d)), "CKD127", path_contains="optimizer.pt")[0]
     assert sorted(hit.details["globals"]) == [f"{os.system.__module__}.kill", f"{os.system.__module__}.system"]
+
+
+def test_a_code_call_whose_module_name_comes_through_text_memo_opcodes_is_named(tmp_path):
+    """A pickle may mix opcodes of any protocol: a module name stored with protocol 0's PUT and
+    fetched back with GET for a STACK_GLOBAL still names the call (torch.load(weights_only=False)
+    would run it), and so does a global from a dotted submodule of a code module."""
+    mod = os.system.__module__.encode()
+    uni = lambda b: b"\x8c" + bytes([len(b)]) + b                       # SHORT_BINUNICODE
+    call = lambda: b"X\x04\x00\x00\x00true\x85R"                    # 'true', TUPLE1, REDUCE
+    data = (b"\x80\x04(" + uni(mod) + b"p5\n" + uni(b"system") + b"\x93" + call()
+            + b"g5\n" + uni(b"kill") + b"\x93" + call()
+            + uni(b"ctypes.util") + uni(b"find_library") + b"\x93" + call() + b"l.")
+    import pickletools
+    assert sum(op.name == "STACK_GLOBAL" for op, _a, _p in pickletools.genops(data)) == 3   # never loaded here
+    d = _exported_optimizer(tmp_path, data)
+    (hit,) = assert_fires(api.verify(str(d)), "CKD127", path_contains="optimizer.pt", severity="error")
+    assert hit.details["globals"] == [f"{mod.decode()}.system", f"{mod.decode()}.kill", "ctypes.util.find_library"], \
+        hit.details
 
 
 def _exported_optimizer(tmp_path, data: bytes):

@@ -117,6 +117,25 @@ def test_peft_rank_and_target_modules_must_match_the_config(wild):
     assert any("not in target_modules" in m and "c_attn" in m for m in msgs)
 
 
+def test_a_lora_rank_past_256_that_matches_its_config_is_no_finding(wild):
+    """A high-rank adapter (r=300, as large-rank LoRA runs use) whose tensors hold that rank is
+    healthy: ranks are compared as numbers, at any size; one off is named."""
+    from safetensors.numpy import save_file
+    import numpy as np
+    d = wild("peft-adapter")
+    cfg = json.loads((d / "adapter_config.json").read_text())
+    cfg.update(r=300, rank_pattern={}, target_modules=["q_proj"])
+    (d / "adapter_config.json").write_text(json.dumps(cfg))
+    m = "base_model.model.layers.0.self_attn.q_proj"
+    tensors = {f"{m}.lora_A.weight": np.zeros((300, 8), np.float32), f"{m}.lora_B.weight": np.zeros((8, 300), np.float32)}
+    save_file(tensors, str(d / "adapter_model.safetensors"))
+    assert "CKD128" not in api.verify(str(d)).rules()
+    cfg["r"] = 301
+    (d / "adapter_config.json").write_text(json.dumps(cfg))
+    msgs = [h.message for h in assert_fires(api.verify(str(d)), "CKD128", severity="error")]
+    assert any("has rank 300, the config says 301" in m for m in msgs), msgs
+
+
 @pytest.mark.parametrize("config", ["{\"r\": 4,", "[" * 200_000 + "]" * 200_000])
 def test_an_adapter_config_that_is_not_json_is_one_finding_quoting_the_parser_to_80_characters(wild, config):
     """A truncated adapter_config.json, or one nested past the parser's recursion limit, is a CKD128
@@ -236,6 +255,18 @@ def test_lightning_last_copy_behind_the_newest_step(wild, variant):
         assert not [f for f in rep.findings if f.severity == "error"]
     else:
         assert not loud(rep), loud(rep)
+
+
+@pytest.mark.parametrize("step", ["3", 3.0, True, None])
+def test_a_last_copy_whose_step_is_not_an_integer_is_not_compared(wild, step):
+    """CKD119 compares last.ckpt's own global_step with the step checkpoints beside it; a step that
+    is not an integer (a string, a float, a bool, absent) proves nothing: no finding, no crash."""
+    torch = pytest.importorskip("torch")
+    variant = next(v for v in sorted(LIGHTNING_RESUME) if (WILD / "lightning-last" / v / "checkpoints" / "last.ckpt").exists())
+    ck = wild(f"lightning-last/{variant}/checkpoints")
+    torch.save({"global_step": step, "state_dict": {}}, ck / "last.ckpt")
+    rep = api.verify(str(ck))
+    assert "CKD119" not in rep.rules() and "CKD900" not in rep.rules(), loud(rep)
 
 
 def test_lightning_sharded_ckpt_directory(wild):
