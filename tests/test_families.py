@@ -76,6 +76,21 @@ def test_index_cross_check(hf_sharded):
                                           f"({n} tensors)"), hits[0].message
 
 
+def test_tensors_in_other_shards_than_the_index_says_are_counted_and_the_first_named(hf_sharded):
+    """Two tensors the index places in another shard: one finding counts both and names the first
+    one found, in shard order."""
+    p = hf_sharded / "model.safetensors.index.json"
+    idx = json.loads(p.read_text())
+    shards = sorted(set(idx["weight_map"].values()))
+    first = sorted(t for t, s in idx["weight_map"].items() if s == shards[0])[0]
+    last = sorted(t for t, s in idx["weight_map"].items() if s == shards[-1])[0]
+    idx["weight_map"][first], idx["weight_map"][last] = shards[-1], shards[0]
+    p.write_text(json.dumps(idx))
+    hits = [h for h in assert_fires(api.verify(str(hf_sharded)), "CKD121") if "different shard" in h.message]
+    assert len(hits) == 1 and hits[0].message.startswith("2 tensor(s) live in a different shard"), hits
+    assert hits[0].details == {"tensor": first, "in": shards[0], "index": shards[-1]}, hits[0].details
+
+
 def test_index_maps_tensor_to_wrong_shard(hf_sharded):
     p = hf_sharded / "model.safetensors.index.json"
     idx = json.loads(p.read_text())
@@ -261,9 +276,22 @@ def test_a_deepspeed_world_not_recorded_is_counted_from_the_highest_rank_file_th
     (run / "latest").write_text("global_step3")
     os.remove(run / "global_step3" / "bf16_zero_pp_rank_1_mp_rank_01_optim_states.pt")
     (hit,) = assert_fires(api.verify(str(run)), "CKD122", severity="error")
-    assert hit.message.startswith("model-parallel rank 1: ZeRO optim files of data-parallel rank(s) 1 missing "
-                                  "(have 3 of 4)"), hit.message
+    assert hit.message == ("model-parallel rank 1: ZeRO optim files of data-parallel rank(s) 1 missing "
+                           "(have 3 of 4): bf16_zero_pp_rank_1_mp_rank_01_optim_states.pt"), hit.message
     assert hit.details["dp_world"] == 4 and hit.details["missing_dp"] == [1] and hit.details["mp"] == 1, hit.details
+
+
+def test_three_model_parallel_ranks_not_recorded_are_three_not_four(tmp_path):
+    """A tag of three model-parallel ranks whose files record no world: the world is the highest
+    rank there plus one (3), so nothing is missing -- not a fourth rank invented."""
+    run = tmp_path / "ds"
+    ds_tag(run / "global_step3", dp=2, mp=3)
+    for m in range(3):
+        torch.save({"module": sd(1), "global_steps": 3}, run / "global_step3" / f"mp_rank_{m:02d}_model_states.pt")
+    (run / "latest").write_text("global_step3")
+    assert "CKD122" not in api.verify(str(run)).rules()
+    os.remove(run / "global_step3" / "mp_rank_02_model_states.pt")   # the highest rank's own file: still counted
+    (hit,) = assert_fires(api.verify(str(run)), "CKD122", path_contains="mp_rank_02_model_states.pt", severity="error")
 
 
 def test_many_missing_rank_files_are_named_five_and_counted(tmp_path):
@@ -622,6 +650,7 @@ def test_a_pickle_too_large_to_scan_is_not_cleared_and_is_not_read_whole(tmp_pat
                         lambda self, rel, start, n: reads.append((rel, n)) or real(self, rel, start, n))
     hit = assert_fires(api.verify(str(d)), "CKD127", path_contains="optimizer.pt", severity="warning")[0]
     assert "not scanned" in hit.message and hit.details["limit_bytes"] == 1 << 20
+    assert "its pickle (archive/data.pkl) is larger than 1 MiB" in hit.message, hit.message
     assert reads and max(n for _rel, n in reads) <= 1 << 20, reads   # no read past the bound it announced
     with zipfile.ZipFile(d / "optimizer.pt", "w") as z:
         z.writestr("archive/data.pkl", pickle.dumps({"step": 3}, protocol=2), compress_type=zipfile.ZIP_DEFLATED)
@@ -662,12 +691,14 @@ def test_a_code_call_whose_module_name_comes_through_text_memo_opcodes_is_named(
     call = lambda: b"X\x04\x00\x00\x00true\x85R"                    # 'true', TUPLE1, REDUCE
     data = (b"\x80\x04(" + uni(mod) + b"p5\n" + uni(b"system") + b"\x93" + call()
             + b"g5\n" + uni(b"kill") + b"\x93" + call()
+            + b"g5\np7\n0" + b"g7\n" + uni(b"execv") + b"\x93" + call()   # fetched, stored again, fetched
             + uni(b"ctypes.util") + uni(b"find_library") + b"\x93" + call() + b"l.")
     import pickletools
-    assert sum(op.name == "STACK_GLOBAL" for op, _a, _p in pickletools.genops(data)) == 3   # never loaded here
+    assert sum(op.name == "STACK_GLOBAL" for op, _a, _p in pickletools.genops(data)) == 4   # never loaded here
     d = _exported_optimizer(tmp_path, data)
     (hit,) = assert_fires(api.verify(str(d)), "CKD127", path_contains="optimizer.pt", severity="error")
-    assert hit.details["globals"] == [f"{mod.decode()}.system", f"{mod.decode()}.kill", "ctypes.util.find_library"], \
+    m = mod.decode()
+    assert hit.details["globals"] == [f"{m}.system", f"{m}.kill", f"{m}.execv", "ctypes.util.find_library"], \
         hit.details
 
 

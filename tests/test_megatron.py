@@ -39,8 +39,9 @@ def test_tracker_missing_while_complete_checkpoints_exist(real):
     d = real("megatron_run")
     (d / "latest_checkpointed_iteration.txt").unlink()
     rep = api.verify(str(d))
-    hit = assert_fires(rep, "CKD111")[0]
+    hit = assert_fires(rep, "CKD111", severity="error")[0]
     assert hit.details["newest_complete"] == "iter_0000200"
+    assert hit.hint.startswith("write the tracker atomically"), hit.hint   # a text tracker: no `ln -s` advice
     assert rep.facts["resume_from"] is None
 
 
@@ -100,6 +101,25 @@ def test_legacy_rank_grid(real):
     (d / "iter_0000010" / "mp_rank_00_001" / "model_optim_rng.pt").write_bytes(b"")
     rep = api.verify(str(d))
     assert any("empty" in f.message for f in assert_fires(rep, "CKD116"))
+
+
+def test_a_legacy_pp_grid_with_a_stray_directory_without_pp_still_names_the_missing_rank(real):
+    """A stray mp_rank_01/ (a save without pipeline parallelism) among mp_rank_XX_YYY directories
+    does not turn the grid into one without pipeline stages: mp_rank_01_001 is still named."""
+    d = real("megatron_legacy")
+    shutil.move(str(d / "iter_0000020" / "mp_rank_01_001"), str(d / "iter_0000020" / "mp_rank_01"))
+    rep = api.verify(str(d))
+    assert_fires(rep, "CKD116", path_contains="iter_0000020/mp_rank_01_001", severity="error")
+
+
+def test_tracker_names_an_incomplete_newest_checkpoint_is_not_called_behind(real):
+    """The tracker on a broken newest checkpoint with an older complete one: CKD113 (incomplete,
+    the fallback named), not CKD114 -- the tracker is not behind anything."""
+    d = real("megatron_run")
+    os.truncate(next((d / "iter_0000200").glob("__0_*.distcp")), 5)
+    rep = api.verify(str(d))
+    assert_fires(rep, "CKD113", severity="error")
+    assert "CKD114" not in rep.rules()
 
 
 def test_legacy_rank_file_truncated(real):

@@ -123,6 +123,22 @@ def test_a_rewrite_after_the_marker_is_named_by_its_newest_shard(real):
     assert "(newest __1_0.distcp, 300.0 s later" in hit.message, hit.message
 
 
+def test_a_late_shard_is_a_copys_when_the_bytes_written_before_it_explain_the_gap(real):
+    """CKD107 judges a late shard with everything written between the marker and it: 8 MiB landed
+    4 s after the marker, the late shard 7 s after -- a copy at 1 MiB/s explains that (a warning),
+    though the late shard alone is 1.5 KB."""
+    d = real("dcp_4rank")
+    m = (d / ".metadata").stat().st_mtime
+    for f in d.glob("__*_0.distcp"):
+        os.utime(f, (m - 10, m - 10))
+    big, late = d / "__1_0.distcp", d / "__3_0.distcp"
+    os.truncate(big, 8 << 20)
+    os.utime(big, (m + 4, m + 4))
+    os.utime(late, (m + 7, m + 7))
+    hit = assert_fires(api.verify(str(d)), "CKD107", path_contains="__3_0.distcp", severity="warning")[0]
+    assert hit.details["bytes_after_marker"] == (8 << 20) + late.stat().st_size, hit.details
+
+
 def test_cp_r_mtimes_within_tolerance_pass(real):
     """A plain `cp -r` gives fresh mtimes within a second in directory order: must pass."""
     d = real("dcp_4rank")

@@ -245,12 +245,17 @@ LIGHTNING_RESUME = json.loads((WILD / "lightning-last" / "resume.json").read_tex
 def test_lightning_last_copy_behind_the_newest_step(wild, variant):
     """The real fit(ckpt_path="last") started at the recorded global_step; verify warns (CKD119,
     naming last.ckpt) exactly when that is behind the newest step checkpoint beside it."""
-    rep = api.verify(str(wild(f"lightning-last/{variant}/checkpoints")))
-    newest = max(int(p.name.split("step=")[1].split(".")[0])
+    ck = wild(f"lightning-last/{variant}/checkpoints")
+    chosen = "last-v1.ckpt" if variant == "versioned" else "last.ckpt"
+    t = max(p.stat().st_mtime for p in ck.iterdir())   # a clone's mtimes are checkout order: as the library left them,
+    os.utime(ck / chosen, (t + 1, t + 1))               # the last file written is the newest
+    rep = api.verify(str(ck))
+    newest = max(int(p.name.split("step=")[1].split(".")[0].split("-")[0])
                  for p in (WILD / "lightning-last" / variant / "checkpoints").glob("epoch=*"))
     if LIGHTNING_RESUME[variant] < newest:
-        hits = assert_fires(rep, "CKD119", path_contains="last.ckpt", severity="warning")
-        assert f"holds step {LIGHTNING_RESUME[variant]}" in hits[0].message
+        hits = assert_fires(rep, "CKD119", path_contains=chosen, severity="warning")
+        assert hits[0].message.startswith(f"{chosen} holds step {LIGHTNING_RESUME[variant]} but epoch=0-step={newest}.ckpt "
+                                          f"is at step {newest}"), hits[0].message
         assert hits[0].message.endswith(f"loses {newest - LIGHTNING_RESUME[variant]} step(s)"), hits[0].message
         assert not [f for f in rep.findings if f.severity == "error"]
     else:
@@ -267,6 +272,19 @@ def test_a_last_copy_whose_step_is_not_an_integer_is_not_compared(wild, step):
     torch.save({"global_step": step, "state_dict": {}}, ck / "last.ckpt")
     rep = api.verify(str(ck))
     assert "CKD119" not in rep.rules() and "CKD900" not in rep.rules(), loud(rep)
+
+
+def test_another_last_copy_is_not_a_step_checkpoint_the_resume_loses(wild):
+    """Only step checkpoints are compared with the chosen last file: an older last.ckpt (another
+    run's, at a higher step) beside the newest last-v1.ckpt is not progress this resume loses."""
+    torch = pytest.importorskip("torch")
+    ck = wild("lightning-last/healthy/checkpoints")
+    newest = max(int(p.name.split("step=")[1].split(".")[0]) for p in ck.glob("epoch=*"))
+    torch.save({"global_step": newest + 50, "state_dict": {}}, ck / "last.ckpt")
+    torch.save({"global_step": newest, "state_dict": {}}, ck / "last-v1.ckpt")
+    t = (ck / "last.ckpt").stat().st_mtime
+    os.utime(ck / "last-v1.ckpt", (t + 10, t + 10))     # the one ckpt_path="last" picks
+    assert "CKD119" not in api.verify(str(ck)).rules()
 
 
 def test_lightning_sharded_ckpt_directory(wild):
