@@ -138,6 +138,16 @@ def test_an_expert_count_of_0_in_a_config_is_no_count_and_the_next_key_is_read(t
     assert "CKD109" not in api.verify(str(d)).rules()
 
 
+def test_a_config_json_that_cannot_be_read_gives_no_count_and_no_crash(tmp_path):
+    """A config.json that is a directory (or unreadable) says nothing about the expert count: the
+    next place is looked at, and with no count there is no CKD109 claim -- never a crash."""
+    d = tmp_path / "ck"
+    W.write(str(d), [W.Item(f"layers.0.mlp.experts.{i}.w", (2,), (0,), (2,), [1.0, 2.0], rank=0) for i in (0, 1)])
+    (d / "config.json").mkdir()
+    rep = api.verify(str(d))
+    assert "CKD109" not in rep.rules() and "CKD900" not in rep.rules(), [(f.rule, f.message) for f in rep.findings]
+
+
 @pytest.mark.parametrize("saved, dots", [(8, False), (7, True)])
 def test_missing_experts_are_listed_up_to_eight_then_elided_and_the_saved_ones_kept_up_to_64(tmp_path, saved, dots):
     """CKD109 on per-expert keys: the missing indices are listed, the first eight of them, with

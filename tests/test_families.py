@@ -214,6 +214,26 @@ def test_a_trainer_state_json_of_many_kilobytes_is_read_whole(tmp_path):
     assert_fires(api.verify(str(run)), "CKD126", path_contains="trainer_state.json", severity="error")
 
 
+@pytest.mark.parametrize("content, said", [
+    ({"global_step": 501}, "trainer_state.json says global_step 501, but the directory is checkpoint-500"),
+    ("[" * 200_000 + "]" * 200_000, None),
+])
+def test_a_trainer_state_ahead_of_its_directory_or_nested_past_the_parser_is_an_error(tmp_path, content, said):
+    """global_step above the directory's step is as wrong as below it; a trainer_state.json nested
+    past the parser's recursion limit is "not valid JSON", quoting the parser to 80 characters."""
+    run = tmp_path / "out"
+    trainer_ckpt(run / "checkpoint-500", 500)
+    p = run / "checkpoint-500" / "trainer_state.json"
+    p.write_text(content if isinstance(content, str) else json.dumps(content))
+    (hit,) = assert_fires(api.verify(str(run)), "CKD126", path_contains="trainer_state.json", severity="error")
+    if said is None:
+        try:
+            json.loads(content)
+        except RecursionError as exc:
+            said = f"trainer_state.json is not valid JSON ({str(exc)[:80]}): the framework cannot resume"
+    assert hit.message.startswith(said), hit.message
+
+
 def test_hf_trainer_run(tmp_path):
     run = tmp_path / "out"
     for s in (500, 1000):
@@ -292,6 +312,17 @@ def test_three_model_parallel_ranks_not_recorded_are_three_not_four(tmp_path):
     assert "CKD122" not in api.verify(str(run)).rules()
     os.remove(run / "global_step3" / "mp_rank_02_model_states.pt")   # the highest rank's own file: still counted
     (hit,) = assert_fires(api.verify(str(run)), "CKD122", path_contains="mp_rank_02_model_states.pt", severity="error")
+
+
+def test_exactly_five_missing_rank_files_are_all_named_without_a_count(tmp_path):
+    run = tmp_path / "ds"
+    ds_tag(run / "global_step3", dp=6, mp=1)
+    (run / "latest").write_text("global_step3")
+    gone = [f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(1, 6)]
+    for f in gone:
+        os.remove(run / "global_step3" / f)
+    (hit,) = assert_fires(api.verify(str(run)), "CKD122", severity="error")
+    assert hit.message.endswith(": " + ", ".join(gone)), hit.message
 
 
 def test_many_missing_rank_files_are_named_five_and_counted(tmp_path):
@@ -680,6 +711,29 @@ def test_every_code_global_of_a_protocol_4_pickle_is_named_even_when_its_module_
         z.writestr("archive/version", "3\n")
     hit = assert_fires(api.verify(str(d)), "CKD127", path_contains="optimizer.pt")[0]
     assert sorted(hit.details["globals"]) == [f"{os.system.__module__}.kill", f"{os.system.__module__}.system"]
+
+
+def test_a_deflated_pickle_under_100x_past_1_mib_is_scanned(tmp_path):
+    """A deflated data.pkl of ~20 KiB that inflates to 1.5 MiB (75x: under the 100x bound, past the
+    1 MiB floor) is inflated and scanned: the call after its data is named (an error)."""
+    import pickle
+    import random
+    import zipfile
+
+    class Touch:
+        def __reduce__(self):
+            return (os.system, ("true",))
+    noise = random.Random(7).randbytes(20 << 10)             # incompressible: sets the compressed size
+    body = pickle.dumps([noise, b"\0" * (3 << 19), Touch()], protocol=2)
+    d = tmp_path / "exported"
+    d.mkdir()
+    with zipfile.ZipFile(d / "optimizer.pt", "w") as z:
+        z.writestr("archive/data.pkl", body, compress_type=zipfile.ZIP_DEFLATED)
+        z.writestr("archive/version", "3\n")
+        packed = z.getinfo("archive/data.pkl").compress_size
+    assert 1 << 20 < len(body) < 100 * packed and 100 * packed > 1 << 20, (len(body), packed)
+    (hit,) = assert_fires(api.verify(str(d)), "CKD127", path_contains="optimizer.pt", severity="error")
+    assert hit.details["globals"] == [f"{os.system.__module__}.system"], hit.details
 
 
 def test_a_code_call_whose_module_name_comes_through_text_memo_opcodes_is_named(tmp_path):

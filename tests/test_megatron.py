@@ -1,4 +1,5 @@
 """Megatron and torchtitan run roots: trackers, markers, legacy rank grids, resume report."""
+import json
 import os
 import shutil
 
@@ -93,6 +94,13 @@ def test_common_pt_truncated(real):
     assert_fires(rep, "CKD117", path_contains="common.pt")
 
 
+def test_a_missing_legacy_rank_directory_is_named_by_its_own_tp_and_pp(real):
+    d = real("megatron_legacy")
+    shutil.rmtree(d / "iter_0000020" / "mp_rank_00_001")   # tp 0, pp 1
+    (hit,) = assert_fires(api.verify(str(d)), "CKD116", path_contains="iter_0000020/mp_rank_00_001", severity="error")
+    assert hit.details["missing"] == "mp_rank_00_001" and hit.details["tp_pp_ep"] == [0, 1, None], hit.details
+
+
 def test_legacy_rank_grid(real):
     d = real("megatron_legacy")
     shutil.rmtree(d / "iter_0000020" / "mp_rank_01_001")
@@ -169,6 +177,12 @@ def test_a_metadata_json_nested_too_deep_to_parse_is_an_unreadable_marker_not_a_
     assert not any(f.rule == "CKD900" for f in rep.findings), [(f.rule, f.message) for f in rep.findings]
     assert any("metadata.json" in f.path and f.severity == "error" for f in rep.findings), \
         [(f.rule, f.path, f.severity) for f in rep.findings]
+    try:
+        json.loads("[" * 100_000 + "]" * 100_000)
+    except RecursionError as exc:
+        said = str(exc)
+    [hit] = assert_fires(rep, "CKD136", path_contains="iter_0000200/metadata.json", severity="error")
+    assert f"is not valid JSON ({said[:80]})" in hit.message, hit.message   # the parser quoted to 80 characters
 
 
 @pytest.mark.parametrize("content,says", [

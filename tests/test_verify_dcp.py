@@ -139,6 +139,21 @@ def test_a_late_shard_is_a_copys_when_the_bytes_written_before_it_explain_the_ga
     assert hit.details["bytes_after_marker"] == (8 << 20) + late.stat().st_size, hit.details
 
 
+def test_many_late_shards_are_counted_and_the_first_20_listed(tmp_path):
+    """22 shards rewritten an hour after the marker: CKD107 counts all 22 and its details list the
+    first 20 names (a bounded report)."""
+    from ckptdoctor.layouts import dcp_writer as W
+    d = tmp_path / "ck"
+    W.write(str(d), [W.Item("w", (22, 1), (r, 0), (1, 1), [1.0], rank=r) for r in range(22)])
+    m = (d / ".metadata").stat().st_mtime
+    for f in d.glob("__*_0.distcp"):
+        os.utime(f, (m + 3600, m + 3600))
+    (hit,) = assert_fires(api.verify(str(d)), "CKD107", severity="error")
+    names = sorted(f.name for f in d.glob("__*_0.distcp"))
+    assert hit.message.startswith("22 shard(s) modified after the commit marker"), hit.message
+    assert hit.details["files"] == names[:20], hit.details
+
+
 def test_cp_r_mtimes_within_tolerance_pass(real):
     """A plain `cp -r` gives fresh mtimes within a second in directory order: must pass."""
     d = real("dcp_4rank")
