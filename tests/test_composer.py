@@ -36,6 +36,16 @@ def test_a_composer_run_lists_each_checkpoint_file_with_its_batch_and_resumes_fr
     assert gate.facts["resume_from"] == B4 and gate.facts["gate"]["passed"] and gate.facts["not_judged"] == [B2]
 
 
+def test_a_latest_link_pointing_outside_the_run_root_is_unreadable_with_the_links_own_repair(tmp_path):
+    """latest-rank0.pt pointing outside the run root: CKD112 (an error) whose hint is the symbolic
+    link's repair (`--fix` once it is moved aside), not a text tracker's rewrite."""
+    run = _copy(tmp_path)
+    os.remove(run / LINK)
+    os.symlink(str(tmp_path / "elsewhere" / B4), run / LINK)
+    (hit,) = assert_fires(api.verify(str(run)), "CKD112", severity="error")
+    assert hit.hint.startswith("the framework cannot resume from it; replace it with a relative link"), hit.hint
+
+
 def test_fix_relinks_a_missing_latest_link_atomically_and_keeps_the_old_one(tmp_path):
     run = _copy(tmp_path)
     os.remove(run / B4)                     # the link now dangles: Composer raises on resume

@@ -1,6 +1,7 @@
 """Expert-parallel collisions: reproduced with 4 real gloo ranks, caught on disk and at save time."""
 import socket
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -136,6 +137,20 @@ def test_an_expert_count_of_0_in_a_config_is_no_count_and_the_next_key_is_read(t
     assert hit.details["expected_from"].endswith("config.json:num_local_experts") and "2 of 4 experts" in hit.message, hit
     (d / "config.json").write_text(json.dumps({"num_experts": none}))
     assert "CKD109" not in api.verify(str(d)).rules()
+
+
+def test_stacked_experts_in_a_file_named_unlike_a_rank_shard_are_judged_without_a_writer_rank(tmp_path):
+    """A .metadata whose storage file is not named `__RANK_N.distcp` (a custom writer's name): the
+    stacked expert tensor in it is still judged by CKD109, its writer ranks unknown (none)."""
+    d = tmp_path / "ck"
+    W.write(str(d), [W.Item("layers.0.mlp.experts.w1", (4, 2), (0, 0), (4, 2), [0.5] * 8, rank=0)])
+    md = (d / ".metadata").read_bytes()
+    assert md.count(b"__0_0.distcp") >= 1
+    (d / ".metadata").write_bytes(md.replace(b"__0_0.distcp", b"xx0_0.distcp"))
+    os.rename(d / "__0_0.distcp", d / "xx0_0.distcp")
+    rep = api.verify(str(d), num_experts=8)
+    (hit,) = assert_fires(rep, "CKD109", severity="error")
+    assert hit.details["writer_ranks"] == [] and "CKD900" not in rep.rules(), [(f.rule, f.message) for f in rep.findings]
 
 
 def test_a_config_json_that_cannot_be_read_gives_no_count_and_no_crash(tmp_path):

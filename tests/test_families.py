@@ -736,6 +736,19 @@ def test_a_deflated_pickle_under_100x_past_1_mib_is_scanned(tmp_path):
     assert hit.details["globals"] == [f"{os.system.__module__}.system"], hit.details
 
 
+def test_an_archive_whose_pickle_cannot_be_scanned_does_not_stop_the_next_archives_scan(tmp_path):
+    """Two archives: the first's data.pkl is LZMA-compressed (a method CKD127 does not inflate), the
+    second's calls code -- the second is still scanned and named."""
+    import zipfile
+    mod = os.system.__module__.encode()
+    d = _exported_optimizer(tmp_path, b"\x80\x02c" + mod + b"\nsystem\nX\x04\x00\x00\x00true\x85R.")
+    with zipfile.ZipFile(d / "a_model.pt", "w") as z:
+        z.writestr("archive/data.pkl", b"\x80\x02}q\x00.", compress_type=zipfile.ZIP_LZMA)
+        z.writestr("archive/version", "3\n")
+    (hit,) = assert_fires(api.verify(str(d)), "CKD127", path_contains="optimizer.pt", severity="error")
+    assert hit.details["globals"] == [f"{mod.decode()}.system"], hit.details
+
+
 def test_a_code_call_whose_module_name_comes_through_text_memo_opcodes_is_named(tmp_path):
     """A pickle may mix opcodes of any protocol: a module name stored with protocol 0's PUT and
     fetched back with GET for a STACK_GLOBAL still names the call (torch.load(weights_only=False)

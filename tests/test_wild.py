@@ -169,6 +169,22 @@ ORBAX_RESTORE = json.loads((WILD / "orbax" / "restore.json").read_text())
 NO_ARGS_FAILS = {"no-checkpoint-metadata", "no-item-metadata"}
 
 
+def test_an_orbax_node_that_cannot_be_read_whole_is_skipped_not_a_crash(wild, monkeypatch):
+    """A b-tree node whose header reads but whose whole read fails (a permission, a file replaced
+    meanwhile): CKD129 goes on with the other files, no crash (CKD900)."""
+    from ckptdoctor.io import fs
+    run = wild("orbax/run")
+    real = fs.LocalStorage.read
+
+    def read(self, rel, limit=None, *a, **k):
+        if "/d/" in rel or rel.endswith("manifest.ocdbt"):
+            raise PermissionError(13, "Permission denied")
+        return real(self, rel, limit, *a, **k)
+    monkeypatch.setattr(fs.LocalStorage, "read", read)
+    rep = api.verify(str(run))
+    assert "CKD900" not in rep.rules(), loud(rep)
+
+
 @pytest.mark.parametrize("damage", sorted(ORBAX_RESTORE))
 def test_orbax_verdict_matches_the_real_restore(wild, damage):
     """For each damage, what the real CheckpointManager.restore did (recorded by make_orbax.py):
