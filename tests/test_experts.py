@@ -70,6 +70,7 @@ def test_a_stacked_expert_tensor_of_two_dimensions_is_judged_too(tmp_path, shape
     if fires:
         (hit,) = assert_fires(rep, "CKD109", severity="error")
         assert hit.details["global_shape"] == list(shape) and f"{shape[0]} local experts" in hit.message, hit.message
+        assert hit.details["writer_ranks"] == [0], hit.details   # the rank whose shard holds it
     else:
         assert "CKD109" not in rep.rules()
 

@@ -749,6 +749,50 @@ def test_an_archive_whose_pickle_cannot_be_scanned_does_not_stop_the_next_archiv
     assert hit.details["globals"] == [f"{mod.decode()}.system"], hit.details
 
 
+def test_a_pickle_calling_builtins_eval_is_named(tmp_path):
+    """builtins.eval (and the other builtins that run or reach code) are named like os.system."""
+    data = b"\x80\x02cbuiltins\neval\nX\x01\x00\x00\x001\x85R."   # never loaded here
+    d = _exported_optimizer(tmp_path, data)
+    (hit,) = assert_fires(api.verify(str(d)), "CKD127", path_contains="optimizer.pt", severity="error")
+    assert hit.details["globals"] == ["builtins.eval"], hit.details
+
+
+def test_an_archive_that_cannot_be_read_does_not_stop_the_next_archives_scan(tmp_path, monkeypatch):
+    """The first archive's pickle cannot be read (an I/O error after its directory was read): the
+    second archive is still scanned and its code call named."""
+    import zipfile
+    from ckptdoctor.io import fs
+    mod = os.system.__module__.encode()
+    d = _exported_optimizer(tmp_path, b"\x80\x02c" + mod + b"\nsystem\nX\x04\x00\x00\x00true\x85R.")
+    with zipfile.ZipFile(d / "a_model.pt", "w") as z:
+        z.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        z.writestr("archive/version", "3\n")
+    real = fs.LocalStorage.read_range
+
+    def read_range(self, rel, start, n):
+        if rel.endswith("a_model.pt") and n == 6:     # its directory reads; its 6-byte pickle does not
+            raise OSError(5, "Input/output error")
+        return real(self, rel, start, n)
+    monkeypatch.setattr(fs.LocalStorage, "read_range", read_range)
+    hits = assert_fires(api.verify(str(d)), "CKD127", path_contains="optimizer.pt", severity="error")
+    assert hits[0].details["globals"] == [f"{mod.decode()}.system"], hits[0].details
+
+
+def test_a_symlink_leaving_the_checkpoint_is_a_warning(tmp_path):
+    """A file of the checkpoint that is a link to something outside it: CKD125 warns (a copy or a
+    publish does not carry it); a link inside the checkpoint is no finding."""
+    d = tmp_path / "exported"
+    d.mkdir()
+    (tmp_path / "outside.json").write_text("{}")
+    os.symlink(tmp_path / "outside.json", d / "config.json")
+    (d / "tokenizer.json").write_text("{}")
+    os.symlink("tokenizer.json", d / "vocab.json")
+    from safetensors.torch import save_file
+    save_file(sd(1), str(d / "model.safetensors"))
+    hits = assert_fires(api.verify(str(d)), "CKD125", severity="warning")
+    assert [h.details["file"] for h in hits] == ["config.json"], [h.message for h in hits]
+
+
 def test_a_code_call_whose_module_name_comes_through_text_memo_opcodes_is_named(tmp_path):
     """A pickle may mix opcodes of any protocol: a module name stored with protocol 0's PUT and
     fetched back with GET for a STACK_GLOBAL still names the call (torch.load(weights_only=False)
@@ -756,7 +800,7 @@ def test_a_code_call_whose_module_name_comes_through_text_memo_opcodes_is_named(
     mod = os.system.__module__.encode()
     uni = lambda b: b"\x8c" + bytes([len(b)]) + b                       # SHORT_BINUNICODE
     call = lambda: b"X\x04\x00\x00\x00true\x85R"                    # 'true', TUPLE1, REDUCE
-    data = (b"\x80\x04(" + uni(mod) + b"p5\n" + uni(b"system") + b"\x93" + call()
+    data = (b"\x80\x04(" + uni(b"pad") + uni(mod) + b"p5\n" + uni(b"system") + b"\x93" + call()
             + b"g5\n" + uni(b"kill") + b"\x93" + call()
             + b"g5\np7\n0" + b"g7\n" + uni(b"execv") + b"\x93" + call()   # fetched, stored again, fetched
             + uni(b"ctypes.util") + uni(b"find_library") + b"\x93" + call() + b"l.")

@@ -139,6 +139,19 @@ def test_a_late_shard_is_a_copys_when_the_bytes_written_before_it_explain_the_ga
     assert hit.details["bytes_after_marker"] == (8 << 20) + late.stat().st_size, hit.details
 
 
+def test_a_record_cut_by_truncation_is_ckd104s_and_not_read_as_corrupt(tmp_path):
+    """A shard truncated inside its last record (3 records of 1,672 bytes, cut at 4,000): CKD104 names
+    the missing bytes; CKD105 does not read the cut record as a corrupt one."""
+    from ckptdoctor.layouts import dcp_writer as W
+    d = tmp_path / "ck"
+    W.write(str(d), [W.Item(f"w{i}", (64,), (0,), (64,), [1.0] * 64, rank=0) for i in range(3)])
+    assert (d / "__0_0.distcp").stat().st_size == 5016
+    os.truncate(d / "__0_0.distcp", 4000)
+    rep = api.verify(str(d))
+    assert_fires(rep, "CKD104", path_contains="__0_0.distcp", severity="error")
+    assert "CKD105" not in rep.rules(), [(f.rule, f.message) for f in rep.findings]
+
+
 def test_many_late_shards_are_counted_and_the_first_20_listed(tmp_path):
     """22 shards rewritten an hour after the marker: CKD107 counts all 22 and its details list the
     first 20 names (a bounded report)."""

@@ -169,7 +169,8 @@ ORBAX_RESTORE = json.loads((WILD / "orbax" / "restore.json").read_text())
 NO_ARGS_FAILS = {"no-checkpoint-metadata", "no-item-metadata"}
 
 
-def test_an_orbax_node_that_cannot_be_read_whole_is_skipped_not_a_crash(wild, monkeypatch):
+@pytest.mark.parametrize("error", [PermissionError(13, "Permission denied"), ValueError("larger than the bound")])
+def test_an_orbax_node_that_cannot_be_read_whole_is_skipped_not_a_crash(wild, monkeypatch, error):
     """A b-tree node whose header reads but whose whole read fails (a permission, a file replaced
     meanwhile): CKD129 goes on with the other files, no crash (CKD900)."""
     from ckptdoctor.io import fs
@@ -178,7 +179,7 @@ def test_an_orbax_node_that_cannot_be_read_whole_is_skipped_not_a_crash(wild, mo
 
     def read(self, rel, limit=None, *a, **k):
         if "/d/" in rel or rel.endswith("manifest.ocdbt"):
-            raise PermissionError(13, "Permission denied")
+            raise error
         return real(self, rel, limit, *a, **k)
     monkeypatch.setattr(fs.LocalStorage, "read", read)
     rep = api.verify(str(run))
