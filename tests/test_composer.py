@@ -168,6 +168,20 @@ def test_fix_creates_a_missing_latest_link_with_no_backup(tmp_path):
     assert not [n for n in os.listdir(run) if ".ckptdoctor-bak" in n]
 
 
+def test_a_step_file_that_is_a_link_is_never_opened_to_match_a_copied_tracker(tmp_path):
+    """Matching a tracker copied as a file to the step it copies opens regular files only: a step
+    file that is a symbolic link (here to a copy of the same bytes outside the run root) is not
+    read, so the copy is still matched to the one regular file it equals."""
+    run = _copy(tmp_path)
+    os.remove(run / LINK)
+    shutil.copy2(run / B2, run / LINK)
+    shutil.copy2(run / B2, tmp_path / "elsewhere.pt")
+    os.symlink(tmp_path / "elsewhere.pt", run / "ep0-ba3-rank0.pt")
+    rep = api.verify(str(run), target="resume")
+    [hit] = assert_fires(rep, "CKD135", path_contains=B4, severity="error")
+    assert f"{LINK} (a copy of {B2})" in hit.message, hit.message
+
+
 def test_fix_refuses_a_link_copied_as_a_file_that_does_not_load_and_leaves_it(tmp_path):
     run = _copy(tmp_path)
     os.remove(run / B4)                     # the link dangles ...
