@@ -427,6 +427,7 @@ def test_nemo_rl_run_and_staging(tmp_path):
     rep = api.verify(str(root))
     hits = assert_fires(rep, "CKD113", severity="warning")
     assert "step_8" in hits[0].message and rep.facts["resume_from"] == "step_7"
+    assert hits[0].details == {"tracker": "latest_checkpoint_status.json", "target": "step_8", "monitoring": True}
     os.remove(root / "step_7" / "train_dataloader.pt")
     rep = api.verify(str(root))
     assert_fires(rep, "CKD123", path_contains="step_7/train_dataloader.pt")
