@@ -91,6 +91,18 @@ def test_tensors_in_other_shards_than_the_index_says_are_counted_and_the_first_n
     assert hits[0].details == {"tensor": first, "in": shards[0], "index": shards[-1]}, hits[0].details
 
 
+def test_tensors_the_index_maps_to_a_shard_that_lacks_them_are_all_counted(hf_sharded):
+    p = hf_sharded / "model.safetensors.index.json"
+    idx = json.loads(p.read_text())
+    first = sorted(set(idx["weight_map"].values()))[0]
+    idx["weight_map"].update({"ghost.a": first, "ghost.b": first})
+    p.write_text(json.dumps(idx))
+    hits = [h for h in assert_fires(api.verify(str(hf_sharded)), "CKD121", path_contains=first, severity="error")
+            if "not in its header" in h.message]
+    assert len(hits) == 1 and hits[0].message.startswith(f"2 tensor(s) mapped to {first} by "), hits
+    assert hits[0].details["tensors"] == ["ghost.a", "ghost.b"], hits[0].details
+
+
 def test_index_maps_tensor_to_wrong_shard(hf_sharded):
     p = hf_sharded / "model.safetensors.index.json"
     idx = json.loads(p.read_text())

@@ -254,6 +254,17 @@ def test_nvrx_verdict_matches_the_real_load(wild, variant):
             assert_fires(rep, "CKD117", path_contains="1/iter_0000200_1_local.pt")
 
 
+def test_an_nvrx_fallback_names_unfinished_dirty_writes_only_when_there_are_some(wild):
+    """CKD118 on the fallback variant names the rank's unfinished `.dirty` write; with that file gone
+    (the save died before writing anything) the message says nothing about unfinished writes."""
+    d = wild("nvrx/fallback")
+    (hit,) = assert_fires(api.verify(str(d)), "CKD118", severity="warning")
+    assert "(1 unfinished .dirty write(s): 1/iter_0000200_1_local.dirty.pt)" in hit.message, hit.message
+    os.remove(d / "1" / "iter_0000200_1_local.dirty.pt")
+    (hit,) = assert_fires(api.verify(str(d)), "CKD118", severity="warning")
+    assert "unfinished" not in hit.message and hit.details["dirty"] == [], hit.message
+
+
 # ---- Lightning save_last=True: which file ckpt_path="last" resumes from (make_lightning_last.py) ---------
 LIGHTNING_RESUME = json.loads((WILD / "lightning-last" / "resume.json").read_text())
 
