@@ -178,6 +178,26 @@ def test_the_installed_torch_is_the_default_loader(tmp_path, monkeypatch):
     assert not api.verify(str(TV / "2.13.0" / "plain")).failed()
 
 
+@pytest.mark.parametrize("n, more", [(4, False), (5, True)])
+def test_the_whole_stored_dicts_are_named_up_to_four(tmp_path, monkeypatch, n, more):
+    """CKD134's 2.4.x gap names the dicts stored whole: four are all named, a fifth makes "...".
+    (The torch-free writer records StorageMeta, as torch >= 2.4 does; the test makes its marker a
+    name nothing records, so the checkpoint reads as a pre-2.4 save.)"""
+    import pickle
+    from ckptdoctor.layouts import dcp_writer as W
+    from ckptdoctor.layouts import torchver
+
+    def saved(obj):   # the writer frames it as torch.save's zip record does
+        return pickle.dumps(obj, protocol=2)
+    keys = "abcde"[:n]
+    W.write(str(tmp_path / "c"), [W.Item("w", (2,), (0,), (2,), [1.0, 2.0], rank=0)] +
+            [W.Item(k, None, payload=saved({"x": 1}), rank=0) for k in keys])
+    monkeypatch.setattr(torchver, "STORAGE_META", "not.recorded")
+    [hit] = [f for f in api.verify(str(tmp_path / "c"), loader_torch="2.4.1").findings if f.rule == "CKD134"]
+    named = ", ".join(repr(k) for k in keys[:4]) + (" ..." if more else "")
+    assert f"it stores the non-tensor dict(s) {named} whole (written before torch 2.4)" in hit.message, hit.message
+
+
 def test_a_stored_dict_is_recognised_from_its_first_bytes_and_a_damaged_item_decides_nothing(tmp_path):
     """The 2.4.x gap is read from the bytes item's own zip entry (64 bytes at most, never unpickled):
     a damaged item is not taken for a dict (no finding from it, no crash), and the checkpoint's other
