@@ -103,6 +103,17 @@ def test_tensors_the_index_maps_to_a_shard_that_lacks_them_are_all_counted(hf_sh
     assert hits[0].details["tensors"] == ["ghost.a", "ghost.b"], hits[0].details
 
 
+def test_an_index_of_exactly_256_mib_is_read_whole(hf_sharded):
+    """The index bound is 256 MiB, inclusive: an index padded to exactly that size is parsed and
+    judged (here: healthy), not refused as too large."""
+    p = hf_sharded / "model.safetensors.index.json"
+    text = p.read_text()
+    p.write_text(text + " " * ((256 << 20) - len(text.encode())))
+    assert p.stat().st_size == 256 << 20
+    rep = api.verify(str(hf_sharded))
+    assert not [f for f in rep.findings if "index.json" in f.path], [(f.rule, f.message[:80]) for f in rep.findings]
+
+
 def test_index_maps_tensor_to_wrong_shard(hf_sharded):
     p = hf_sharded / "model.safetensors.index.json"
     idx = json.loads(p.read_text())
