@@ -802,6 +802,27 @@ def test_an_archive_that_cannot_be_read_does_not_stop_the_next_archives_scan(tmp
     assert hits[0].details["globals"] == [f"{mod.decode()}.system"], hits[0].details
 
 
+def test_a_link_that_cannot_be_followed_for_another_reason_is_not_called_a_loop(tmp_path, monkeypatch):
+    """CKD125 calls a link "a symlink loop" only for ELOOP; one whose target cannot be reached for
+    another reason (here ESTALE, an NFS server's stale handle) is "a dangling symlink"."""
+    import errno
+    d = tmp_path / "exported"
+    d.mkdir()
+    from safetensors.torch import save_file
+    save_file(sd(1), str(d / "model.safetensors"))
+    (d / "tokenizer.json").write_text("{}")
+    os.symlink("tokenizer.json", d / "vocab.json")
+    real = os.stat
+
+    def stat(p, *a, **k):
+        if str(p).endswith("vocab.json") and k.get("follow_symlinks", True):
+            raise OSError(errno.ESTALE, "Stale file handle")
+        return real(p, *a, **k)
+    monkeypatch.setattr(os, "stat", stat)
+    hits = assert_fires(api.verify(str(d)), "CKD125", path_contains="vocab.json", severity="error")
+    assert "vocab.json is a dangling symlink" in hits[0].message, hits[0].message
+
+
 def test_a_symlink_leaving_the_checkpoint_is_a_warning(tmp_path):
     """A file of the checkpoint that is a link to something outside it: CKD125 warns (a copy or a
     publish does not carry it); a link inside the checkpoint is no finding."""
