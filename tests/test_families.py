@@ -468,6 +468,7 @@ def orbax_step(d, committed=True):
 @pytest.mark.parametrize("status, severity, says", [
     (8, "error", "the tracker names step_8, which exists only as this staging directory"),
     (7, "warning", "a save that is still staging or died; resume target step_7"),
+    (5, "warning", "a save that is still staging or died; resume target step_7"),   # names another missing step
 ])
 def test_a_staging_directory_the_tracker_names_is_an_error_any_other_a_warning(tmp_path, status, severity, says):
     """NeMo-RL's latest_checkpoint_status.json pointing at step 8 while only tmp_step_8 exists: the
