@@ -337,41 +337,31 @@ def test_three_model_parallel_ranks_not_recorded_are_three_not_four(tmp_path):
     (hit,) = assert_fires(api.verify(str(run)), "CKD122", path_contains="mp_rank_02_model_states.pt", severity="error")
 
 
-def test_exactly_five_missing_rank_files_are_all_named_without_a_count(tmp_path):
+def _missing_optim_partitions(tmp_path, dp: int, first: int):
+    """A ZeRO tag of `dp` partitions with ranks first..dp-1's optimizer files removed: (CKD122's hit, removed)."""
     run = tmp_path / "ds"
-    ds_tag(run / "global_step3", dp=6, mp=1)
+    ds_tag(run / "global_step3", dp=dp, mp=1)
     (run / "latest").write_text("global_step3")
-    gone = [f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(1, 6)]
+    gone = [f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(first, dp)]
     for f in gone:
         os.remove(run / "global_step3" / f)
     (hit,) = assert_fires(api.verify(str(run)), "CKD122", severity="error")
-    assert hit.message.endswith(": " + ", ".join(gone)), hit.message
+    return hit, gone
 
 
-def test_many_missing_rank_files_are_named_five_and_counted(tmp_path):
-    """Seven of eight ZeRO optimizer partitions missing: the message names the first five files and
-    says "and 2 more"; the details keep every one."""
-    run = tmp_path / "ds"
-    ds_tag(run / "global_step3", dp=8, mp=1)
-    (run / "latest").write_text("global_step3")
-    gone = [f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(1, 8)]
-    for f in gone:
-        os.remove(run / "global_step3" / f)
-    (hit,) = assert_fires(api.verify(str(run)), "CKD122", severity="error")
-    assert hit.message.endswith(": " + ", ".join(gone[:5]) + " and 2 more"), hit.message
+@pytest.mark.parametrize("dp, more", [(6, ""), (8, " and 2 more")])
+def test_missing_rank_files_are_named_up_to_five_and_the_rest_counted(tmp_path, dp, more):
+    """Five missing ZeRO optimizer partitions are all named, without a count; seven: the first five
+    and "and 2 more". The details keep every one."""
+    hit, gone = _missing_optim_partitions(tmp_path, dp, 1)
+    assert hit.message.endswith(": " + ", ".join(gone[:5]) + more), hit.message
     assert hit.details["missing_files"] == gone, hit.details
 
 
 def test_the_missing_rank_files_of_a_large_job_are_kept_to_the_first_100_and_all_counted(tmp_path):
     """102 of 104 ZeRO partitions missing: the details list the first 100 file names (a bounded
     report), the missing ranks every one."""
-    run = tmp_path / "ds"
-    ds_tag(run / "global_step3", dp=104, mp=1)
-    (run / "latest").write_text("global_step3")
-    gone = [f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(2, 104)]
-    for f in gone:
-        os.remove(run / "global_step3" / f)
-    (hit,) = assert_fires(api.verify(str(run)), "CKD122", severity="error")
+    hit, gone = _missing_optim_partitions(tmp_path, 104, 2)
     assert hit.details["missing_files"] == gone[:100] and hit.details["missing_dp"] == list(range(2, 104)), hit.details
 
 
