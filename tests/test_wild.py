@@ -117,6 +117,17 @@ def test_peft_rank_and_target_modules_must_match_the_config(wild):
     assert any("not in target_modules" in m and "c_attn" in m for m in msgs)
 
 
+def test_target_modules_given_as_a_regex_string_are_not_read_as_a_list(wild):
+    """peft accepts target_modules as one regex (matched against the whole module name): CKD128
+    compares module names only with a list, so a regex that names the adapter's module by a
+    character class is no finding."""
+    d = wild("peft-adapter")
+    cfg = json.loads((d / "adapter_config.json").read_text())
+    cfg["target_modules"] = r".*\.c_att[n]"
+    (d / "adapter_config.json").write_text(json.dumps(cfg))
+    assert "CKD128" not in api.verify(str(d)).rules()
+
+
 def test_a_lora_rank_past_256_that_matches_its_config_is_no_finding(wild):
     """A high-rank adapter (r=300, as large-rank LoRA runs use) whose tensors hold that rank is
     healthy: ranks are compared as numbers, at any size; one off is named."""
@@ -263,6 +274,19 @@ def test_an_nvrx_fallback_names_unfinished_dirty_writes_only_when_there_are_some
     os.remove(d / "1" / "iter_0000200_1_local.dirty.pt")
     (hit,) = assert_fires(api.verify(str(d)), "CKD118", severity="warning")
     assert "unfinished" not in hit.message and hit.details["dirty"] == [], hit.message
+
+
+def test_an_nvrx_fallback_names_three_unfinished_writes(wild):
+    """Three ranks lacking the newest iteration, each with its unfinished `.dirty` write: CKD118
+    counts and names all three (ranks 2 and 3 are copies of rank 1's files under their own names)."""
+    d = wild("nvrx/fallback")
+    for r in (2, 3):
+        (d / str(r)).mkdir()
+        shutil.copy2(d / "1" / "iter_0000100_1_local.pt", d / str(r) / f"iter_0000100_{r}_local.pt")
+        shutil.copy2(d / "1" / "iter_0000200_1_local.dirty.pt", d / str(r) / f"iter_0000200_{r}_local.dirty.pt")
+    hit = assert_fires(api.verify(str(d)), "CKD118", severity="warning")[0]
+    names = ", ".join(f"{r}/iter_0000200_{r}_local.dirty.pt" for r in (1, 2, 3))
+    assert f"(3 unfinished .dirty write(s): {names})" in hit.message, hit.message
 
 
 # ---- Lightning save_last=True: which file ckpt_path="last" resumes from (make_lightning_last.py) ---------
