@@ -217,8 +217,8 @@ def _sanitize(doc: dict, m: Mapping, prov: dict[str, str]) -> None:
     from ..engine.errors import InputError
     from .schema import GROUP_FIELDS, STATUSES, Provenance, _typed
 
-    def source(field: str) -> str:
-        return Provenance.parse(prov.get(field)).file or "" if field in prov else ""
+    def source(field: str) -> str:   # the file a mapped field came from ("" when none: a default, a fallback)
+        return Provenance.parse(prov.get(field)).file or ""
     for sec, spec in FIELDS.items():
         for key, kind in spec.items():
             v = _jsonable(doc[sec].get(key))
