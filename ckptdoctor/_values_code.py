@@ -579,6 +579,36 @@ def f_456615d7(_Frozen, _cls, _d_copy_factor, _d_pinned, _names, _set):
       super(_cls, self).__delattr__(name)
     return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__, '__hash__': __hash__, '__setattr__': __setattr__, '__delattr__': __delattr__}
 
+def f_45c234ef(_Frozen, _cls, _d_ino, _d_is_file, _d_is_link, _d_mtime_ns, _d_readable, _names, _set):
+    "def __init__(self, name, size, mtime, is_dir, is_link=_d_is_link, is_file=_d_is_file, mtime_ns=_d_mtime_ns, ino=_d_ino, readable=_d_readable):\n  _set(self, 'name', name)\n  _set(self, 'size', size)\n  _set(self, 'mtime', mtime)\n  _set(self, 'is_dir', is_dir)\n  _set(self, 'is_link', is_link)\n  _set(self, 'is_file', is_file)\n  _set(self, 'mtime_ns', mtime_ns)\n  _set(self, 'ino', ino)\n  _set(self, 'readable', readable)\ndef __repr__(self):\n  return self.__class__.__qualname__ + f'(name={self.name!r}, size={self.size!r}, mtime={self.mtime!r}, is_dir={self.is_dir!r}, is_link={self.is_link!r}, is_file={self.is_file!r}, mtime_ns={self.mtime_ns!r}, ino={self.ino!r}, readable={self.readable!r})'\ndef __eq__(self, other):\n  if other.__class__ is self.__class__:\n    return (self.name,self.size,self.mtime,self.is_dir,self.is_link,self.is_file,self.mtime_ns,self.ino,self.readable,) == (other.name,other.size,other.mtime,other.is_dir,other.is_link,other.is_file,other.mtime_ns,other.ino,other.readable,)\n  return NotImplemented\ndef __hash__(self):\n  return hash((self.name,self.size,self.mtime,self.is_dir,self.is_link,self.is_file,self.mtime_ns,self.ino,self.readable,))\ndef __setattr__(self, name, value):\n  if type(self) is _cls or name in _names:\n    raise _Frozen(f'cannot assign to field {name!r}')\n  super(_cls, self).__setattr__(name, value)\ndef __delattr__(self, name):\n  if type(self) is _cls or name in _names:\n    raise _Frozen(f'cannot delete field {name!r}')\n  super(_cls, self).__delattr__(name)"
+    def __init__(self, name, size, mtime, is_dir, is_link=_d_is_link, is_file=_d_is_file, mtime_ns=_d_mtime_ns, ino=_d_ino, readable=_d_readable):
+      _set(self, 'name', name)
+      _set(self, 'size', size)
+      _set(self, 'mtime', mtime)
+      _set(self, 'is_dir', is_dir)
+      _set(self, 'is_link', is_link)
+      _set(self, 'is_file', is_file)
+      _set(self, 'mtime_ns', mtime_ns)
+      _set(self, 'ino', ino)
+      _set(self, 'readable', readable)
+    def __repr__(self):
+      return self.__class__.__qualname__ + f'(name={self.name!r}, size={self.size!r}, mtime={self.mtime!r}, is_dir={self.is_dir!r}, is_link={self.is_link!r}, is_file={self.is_file!r}, mtime_ns={self.mtime_ns!r}, ino={self.ino!r}, readable={self.readable!r})'
+    def __eq__(self, other):
+      if other.__class__ is self.__class__:
+        return (self.name,self.size,self.mtime,self.is_dir,self.is_link,self.is_file,self.mtime_ns,self.ino,self.readable,) == (other.name,other.size,other.mtime,other.is_dir,other.is_link,other.is_file,other.mtime_ns,other.ino,other.readable,)
+      return NotImplemented
+    def __hash__(self):
+      return hash((self.name,self.size,self.mtime,self.is_dir,self.is_link,self.is_file,self.mtime_ns,self.ino,self.readable,))
+    def __setattr__(self, name, value):
+      if type(self) is _cls or name in _names:
+        raise _Frozen(f'cannot assign to field {name!r}')
+      super(_cls, self).__setattr__(name, value)
+    def __delattr__(self, name):
+      if type(self) is _cls or name in _names:
+        raise _Frozen(f'cannot delete field {name!r}')
+      super(_cls, self).__delattr__(name)
+    return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__, '__hash__': __hash__, '__setattr__': __setattr__, '__delattr__': __delattr__}
+
 def f_4a125cdf(_MISSING, _d_complete, _d_findings, _f_added, _f_reasons, _f_unverified):
     "def __init__(self, view, complete=_d_complete, reasons=_MISSING, unverified=_MISSING, findings=_d_findings, added=_MISSING):\n  self.view = view\n  self.complete = complete\n  self.reasons = _f_reasons() if reasons is _MISSING else reasons\n  self.unverified = _f_unverified() if unverified is _MISSING else unverified\n  self.findings = findings\n  self.added = _f_added() if added is _MISSING else added\ndef __repr__(self):\n  return self.__class__.__qualname__ + f'(view={self.view!r}, complete={self.complete!r}, reasons={self.reasons!r}, unverified={self.unverified!r}, findings={self.findings!r}, added={self.added!r})'\ndef __eq__(self, other):\n  if other.__class__ is self.__class__:\n    return (self.view,self.complete,self.reasons,self.unverified,self.findings,self.added,) == (other.view,other.complete,other.reasons,other.unverified,other.findings,other.added,)\n  return NotImplemented"
     def __init__(self, view, complete=_d_complete, reasons=_MISSING, unverified=_MISSING, findings=_d_findings, added=_MISSING):
@@ -1366,35 +1396,6 @@ def f_c373ad74(_MISSING, _d_bytes, _d_files, _d_seconds, _d_status, _d_tracker, 
         return (self.tracker,self.pruned,self.kept,self.cleaned,self.notes,self.source,self.dest,self.name,self.status,self.files,self.bytes,self.seconds,) == (other.tracker,other.pruned,other.kept,other.cleaned,other.notes,other.source,other.dest,other.name,other.status,other.files,other.bytes,other.seconds,)
       return NotImplemented
     return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__}
-
-def f_c4b7be91(_Frozen, _cls, _d_ino, _d_is_file, _d_is_link, _d_mtime_ns, _names, _set):
-    "def __init__(self, name, size, mtime, is_dir, is_link=_d_is_link, is_file=_d_is_file, mtime_ns=_d_mtime_ns, ino=_d_ino):\n  _set(self, 'name', name)\n  _set(self, 'size', size)\n  _set(self, 'mtime', mtime)\n  _set(self, 'is_dir', is_dir)\n  _set(self, 'is_link', is_link)\n  _set(self, 'is_file', is_file)\n  _set(self, 'mtime_ns', mtime_ns)\n  _set(self, 'ino', ino)\ndef __repr__(self):\n  return self.__class__.__qualname__ + f'(name={self.name!r}, size={self.size!r}, mtime={self.mtime!r}, is_dir={self.is_dir!r}, is_link={self.is_link!r}, is_file={self.is_file!r}, mtime_ns={self.mtime_ns!r}, ino={self.ino!r})'\ndef __eq__(self, other):\n  if other.__class__ is self.__class__:\n    return (self.name,self.size,self.mtime,self.is_dir,self.is_link,self.is_file,self.mtime_ns,self.ino,) == (other.name,other.size,other.mtime,other.is_dir,other.is_link,other.is_file,other.mtime_ns,other.ino,)\n  return NotImplemented\ndef __hash__(self):\n  return hash((self.name,self.size,self.mtime,self.is_dir,self.is_link,self.is_file,self.mtime_ns,self.ino,))\ndef __setattr__(self, name, value):\n  if type(self) is _cls or name in _names:\n    raise _Frozen(f'cannot assign to field {name!r}')\n  super(_cls, self).__setattr__(name, value)\ndef __delattr__(self, name):\n  if type(self) is _cls or name in _names:\n    raise _Frozen(f'cannot delete field {name!r}')\n  super(_cls, self).__delattr__(name)"
-    def __init__(self, name, size, mtime, is_dir, is_link=_d_is_link, is_file=_d_is_file, mtime_ns=_d_mtime_ns, ino=_d_ino):
-      _set(self, 'name', name)
-      _set(self, 'size', size)
-      _set(self, 'mtime', mtime)
-      _set(self, 'is_dir', is_dir)
-      _set(self, 'is_link', is_link)
-      _set(self, 'is_file', is_file)
-      _set(self, 'mtime_ns', mtime_ns)
-      _set(self, 'ino', ino)
-    def __repr__(self):
-      return self.__class__.__qualname__ + f'(name={self.name!r}, size={self.size!r}, mtime={self.mtime!r}, is_dir={self.is_dir!r}, is_link={self.is_link!r}, is_file={self.is_file!r}, mtime_ns={self.mtime_ns!r}, ino={self.ino!r})'
-    def __eq__(self, other):
-      if other.__class__ is self.__class__:
-        return (self.name,self.size,self.mtime,self.is_dir,self.is_link,self.is_file,self.mtime_ns,self.ino,) == (other.name,other.size,other.mtime,other.is_dir,other.is_link,other.is_file,other.mtime_ns,other.ino,)
-      return NotImplemented
-    def __hash__(self):
-      return hash((self.name,self.size,self.mtime,self.is_dir,self.is_link,self.is_file,self.mtime_ns,self.ino,))
-    def __setattr__(self, name, value):
-      if type(self) is _cls or name in _names:
-        raise _Frozen(f'cannot assign to field {name!r}')
-      super(_cls, self).__setattr__(name, value)
-    def __delattr__(self, name):
-      if type(self) is _cls or name in _names:
-        raise _Frozen(f'cannot delete field {name!r}')
-      super(_cls, self).__delattr__(name)
-    return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__, '__hash__': __hash__, '__setattr__': __setattr__, '__delattr__': __delattr__}
 
 def f_c830e225(_d_ready):
     "def __init__(self, target, prompt, ready=_d_ready):\n  self.target = target\n  self.prompt = prompt\n  self.ready = ready\ndef __repr__(self):\n  return self.__class__.__qualname__ + f'(target={self.target!r}, prompt={self.prompt!r}, ready={self.ready!r})'\ndef __eq__(self, other):\n  if other.__class__ is self.__class__:\n    return (self.target,self.prompt,self.ready,) == (other.target,other.prompt,other.ready,)\n  return NotImplemented"

@@ -374,3 +374,34 @@ def test_prune_removes_a_checkpoints_files_together_on_slow_storage(fresh_io, mo
     fs.remove_tree(str(victim))
     assert not victim.exists() and (outside / "keep").read_bytes() == b"k"
     assert inside["max"] >= 4 and len(calls) == 42
+
+
+def test_a_listing_of_readable_files_asks_the_kernel_nothing_more(tmp_path, monkeypatch):
+    """Whether this user may read a file is judged from the stat the listing already made: on a
+    filesystem where each metadata call is a round trip, a healthy checkpoint costs no access(2)."""
+    from ckptdoctor.io import fs
+    for n in ("a.bin", "b.bin"):
+        (tmp_path / n).write_bytes(b"x")
+    calls = []
+    monkeypatch.setattr(fs.os, "access", lambda *a, **k: calls.append(a) or True)
+    ents = fs.LocalStorage(str(tmp_path)).listdir("")
+    assert all(e.readable for e in ents) and not calls, calls
+
+
+@pytest.mark.parametrize("kernel_says", [True, False])
+def test_a_file_whose_mode_denies_reading_is_confirmed_with_the_kernel(tmp_path, monkeypatch, kernel_says):
+    """Mode bits that deny this user are not the last word (root's CAP_DAC_OVERRIDE, an ACL): then,
+    and only then, access(2) decides, with the effective ids, in a listing and in a stat alike."""
+    from ckptdoctor.io import fs
+    (tmp_path / "locked.bin").write_bytes(b"x")
+    os.chmod(tmp_path / "locked.bin", 0)
+    calls = []
+
+    def access(path, mode, **k):
+        calls.append((path, mode, k.get("effective_ids")))
+        return kernel_says
+    monkeypatch.setattr(fs.os, "access", access)
+    st = fs.LocalStorage(str(tmp_path))
+    (e,) = st.listdir("")
+    assert e.readable is kernel_says and st.stat("locked.bin").readable is kernel_says
+    assert calls == [(str(tmp_path / "locked.bin"), os.R_OK, True)] * 2, calls

@@ -180,12 +180,8 @@ ORBAX_RESTORE = json.loads((WILD / "orbax" / "restore.json").read_text())
 NO_ARGS_FAILS = {"no-checkpoint-metadata", "no-item-metadata"}
 
 
-@pytest.mark.parametrize("error", [PermissionError(13, "Permission denied"), ValueError("larger than the bound")])
-def test_an_orbax_node_that_cannot_be_read_whole_is_skipped_not_a_crash(wild, monkeypatch, error):
-    """A b-tree node whose header reads but whose whole read fails (a permission, a file replaced
-    meanwhile): CKD129 goes on with the other files, no crash (CKD900)."""
+def _orbax_node_read_fails(monkeypatch, error):
     from ckptdoctor.io import fs
-    run = wild("orbax/run")
     real = fs.LocalStorage.read
 
     def read(self, rel, limit=None, *a, **k):
@@ -193,8 +189,59 @@ def test_an_orbax_node_that_cannot_be_read_whole_is_skipped_not_a_crash(wild, mo
             raise error
         return real(self, rel, limit, *a, **k)
     monkeypatch.setattr(fs.LocalStorage, "read", read)
+
+
+def test_an_orbax_node_whose_whole_read_fails_is_an_unreadable_file_named_not_a_pass(wild, monkeypatch):
+    """A b-tree node whose header reads but whose whole read fails (a permission, an I/O error, a
+    file replaced meanwhile): Orbax's restore fails reading it, so it is a CKD901 error naming the
+    file (it was skipped silently, a false pass), and CKD129 goes on with the other files."""
+    run = wild("orbax/run")
+    _orbax_node_read_fails(monkeypatch, PermissionError(13, "Permission denied"))
     rep = api.verify(str(run))
-    assert "CKD900" not in rep.rules(), loud(rep)
+    hits = assert_fires(rep, "CKD901", path_contains="default/manifest.ocdbt", severity="error")
+    assert any(h.message.startswith("cannot read default/manifest.ocdbt: Permission denied; the item's b-tree names "
+                                    "it, and Orbax fails restoring 'default'") for h in hits), [h.message for h in hits]
+    assert rep.failed() and "CKD900" not in rep.rules(), loud(rep)
+
+
+def test_an_orbax_data_file_past_the_node_bound_is_not_a_finding(wild, monkeypatch):
+    """A file under d/ too large to read whole as a node (values past 64 MiB) is not a finding:
+    its header was checked, and what it holds are values, not references."""
+    run = wild("orbax/run")
+    _orbax_node_read_fails(monkeypatch, ValueError("larger than the bound"))
+    rep = api.verify(str(run))
+    assert not loud(rep), loud(rep)
+
+
+def _verify_unprivileged(path) -> tuple[int, dict]:
+    """The real CLI without root's capability to bypass permission bits (as the job's user would)."""
+    import subprocess
+    import sys
+    from helpers import as_unprivileged
+    p = subprocess.run(as_unprivileged() + [sys.executable, "-m", "ckptdoctor", "verify", "--format", "json",
+                                             str(path)], capture_output=True, text=True, timeout=120)
+    assert p.returncode in (0, 1) and "Traceback" not in p.stderr, p.stderr
+    return p.returncode, json.loads(p.stdout)
+
+
+def test_a_peft_adapter_whose_config_cannot_be_read_fails_and_an_unreadable_model_card_only_warns(wild):
+    """PeftModel.from_pretrained opens adapter_config.json (unreadable: an error naming it) and never
+    README.md (unreadable: a warning saying why, the gate passes).  Both were a silent pass."""
+    from helpers import assert_fires_json
+    d = wild("peft-adapter")
+    os.chmod(d / "README.md", 0)
+    rc, doc = _verify_unprivileged(d)
+    assert rc == 0, doc["findings"]
+    (hit,) = assert_fires_json(doc, "CKD901", path_contains="README.md", severity="warning")
+    assert hit["message"] == ("README.md cannot be read by this user (permission denied): PeftModel.from_pretrained "
+                              "never opens it (the model card); copying or checksumming the checkpoint fails on it")
+    os.chmod(d / "adapter_config.json", 0)
+    rc, doc = _verify_unprivileged(d)
+    assert rc == 1, doc["findings"]
+    (hit,) = [h for h in assert_fires_json(doc, "CKD901", path_contains="adapter_config.json", severity="error")
+              if h["severity"] == "error"]
+    assert hit["message"] == "adapter_config.json cannot be read by this user (permission denied): the resume " \
+                             "opens it and fails", hit["message"]
 
 
 @pytest.mark.parametrize("damage", sorted(ORBAX_RESTORE))

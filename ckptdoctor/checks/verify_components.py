@@ -459,7 +459,13 @@ def orbax_item_damaged(ck, eng):
                       details={"item": item, "file": f"{item}/{spec['manifest']}", "problem": "missing"})
             continue
         tree = spec.get("tree_metadata")
-        if tree and not (entries.get(tree) and entries[tree].is_file):
+        if tree and entries.get(tree) and entries[tree].is_file and not entries[tree].readable:
+            # unlike a missing one, restore raises PermissionError with explicit args too (0.12.8, measured)
+            eng.emit("CKD901", Hit(ck.path(f"{item}/{tree}"), f"cannot read {item}/{tree}: permission denied; "
+                                   f"Orbax's restore opens it, with or without explicit restore args, and fails",
+                                   details={"item": item, "file": f"{item}/{tree}", "problem": "permission denied"},
+                                   hint="make it readable (chmod a+r, or run as the user who wrote it) and verify again"))
+        elif tree and not (entries.get(tree) and entries[tree].is_file):
             yield Hit(ck.path(f"{item}/{tree}"), f"{item}/{tree} is missing: restore(step) with no args reads "
                       f"{item!r}'s tree from it and raises FileNotFoundError; restore(step, args=StandardRestore(...)) "
                       f"restores (orbax-checkpoint 0.12.8, measured)",
@@ -493,7 +499,8 @@ def orbax_item_damaged(ck, eng):
                 continue
             try:
                 head = ck.storage.read_range(f"{base}/{rel}", 0, ocdbt.HEADER)
-            except OSError:
+            except OSError as exc:   # what restore reads and cannot: not a pass (a permission, an I/O error)
+                eng.emit("CKD901", _unreadable_node(ck, item, rel, exc))
                 continue
             if head[:4] == ocdbt.ZSTD_MAGIC:  # a value file: zstd frames, no OCDBT header
                 bad = ocdbt.zstd_problem(lambda off, n, r=f"{base}/{rel}": ck.storage.read_range(r, off, n), st.size)
@@ -508,9 +515,19 @@ def orbax_item_damaged(ck, eng):
             if rel == spec["manifest"] or rel.startswith(spec["nodes"] + "/"):
                 try:
                     data = ck.storage.read(f"{base}/{rel}", 64 << 20)
-                except (OSError, ValueError):
+                except ValueError:
+                    continue   # a data file under d/ holding values past 64 MiB: its header was checked
+                except OSError as exc:
+                    eng.emit("CKD901", _unreadable_node(ck, item, rel, exc))
                     continue
                 queue += sorted(ocdbt.references(data) - seen)
+
+
+def _unreadable_node(ck, item: str, rel: str, exc: OSError) -> Hit:
+    return Hit(ck.path(f"{item}/{rel}"), f"cannot read {item}/{rel}: {exc.strerror or exc}; the item's b-tree "
+               f"names it, and Orbax fails restoring {item!r}", details={"item": item, "file": f"{item}/{rel}",
+                                                                        "errno": exc.errno},
+               hint="make it readable (chmod a+r, or run as the user who wrote it) and verify again")
 
 
 @check("CKD118", "checkpoint")

@@ -30,6 +30,10 @@ def check_checkpoint(engine: Engine, ck: CheckpointView) -> CheckpointStatus:
                                           details={"file": name}, hint="replace it with the real file"))
             if f:
                 added.append(f)
+        elif e.is_file and not e.readable:
+            f = engine.emit("CKD901", unreadable_file(ck, name))
+            if f:
+                added.append(f)
     added += engine.run_scope("checkpoint", ck)
     added += _nested(engine, ck)
     status.findings = sum(not f.hidden for f in added)
@@ -41,6 +45,22 @@ def check_checkpoint(engine: Engine, ck: CheckpointView) -> CheckpointStatus:
         elif f.unverified and (f.judged or f.severity) == "error":
             status.unverified.append(f"{f.rule} {f.name}")
     return status
+
+
+def unreadable_file(ck: CheckpointView, name: str) -> Hit:
+    """A regular file this user may not open (its mode, owner or an ACL; seen from the listing): an
+    error, since the framework's load opens it and fails, unless the family lists it as a file
+    its load never opens (`extra.unreadable_ok`: name pattern -> why), then a warning."""
+    from fnmatch import fnmatchcase
+    ok = ck.layout.extra.get("unreadable_ok", {}) if ck.layout is not None else {}
+    why = next((w for pat, w in ok.items() if fnmatchcase(name, pat)), None)
+    hint = "make it readable (chmod a+r, or run as the user who wrote it) and verify again"
+    if why is None:
+        return Hit(path=ck.path(name), message=f"{name} cannot be read by this user (permission denied): the "
+                   f"resume opens it and fails", details={"file": name, "problem": "permission denied"}, hint=hint)
+    return Hit(path=ck.path(name), message=f"{name} cannot be read by this user (permission denied): {why}; "
+               f"copying or checksumming the checkpoint fails on it",
+               details={"file": name, "problem": "permission denied"}, hint=hint, severity="warning")
 
 
 def _nested(engine: Engine, ck: CheckpointView) -> list:

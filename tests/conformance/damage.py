@@ -16,6 +16,9 @@ Ops, all relative to the run root:
   ["copy_cut", src, dst]      a newer single-file save killed early: dst is the first half of src
   ["link", path, target]      (re)point a symbolic link (a tracker that is a link, e.g. Composer's)
   ["deref", path]             replace a symbolic link with a copy of what it points to (cp -L, rsync -L)
+  ["unreadable", path]        mode 000 (a file written under another user's umask, a copy that kept
+                              modes): the load and verify then run without root's CAP_DAC_OVERRIDE
+                              (`unprivileged()`), so the permission bites as it would for the job's user
 """
 from __future__ import annotations
 
@@ -62,8 +65,19 @@ def apply(root: str, ops: list) -> None:
             real = os.path.realpath(p)
             os.remove(p)
             shutil.copy2(real, p)
+        elif kind == "unreadable":
+            os.chmod(os.path.join(root, args[0]), 0)
         else:
             raise ValueError(f"unknown damage op {kind!r}")
+
+
+def unprivileged(ops: list) -> list[str]:
+    """Command prefix for a case with an unreadable file: as root (how the generators and CI run),
+    drop the two capabilities that bypass permission bits, so the process meets a real EACCES."""
+    if not any(op[0] == "unreadable" for op in ops) or os.geteuid() != 0:
+        return []
+    caps = "-dac_override,-dac_read_search"
+    return ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}"]
 
 
 def copy_and_apply(src: str, dst: str, ops: list) -> str:
@@ -72,16 +86,17 @@ def copy_and_apply(src: str, dst: str, ops: list) -> str:
     return dst
 
 
-def run_worker(script: str, mode: str, root: str, env: dict, timeout: float = 600) -> dict:
+def run_worker(script: str, mode: str, root: str, env: dict, timeout: float = 600, prefix: list | None = None) -> dict:
     """`script --worker MODE --root ROOT --result FILE` in a fresh process (one-process generators):
-    the JSON it wrote, or {"raised": ...} when the process died before writing one."""
+    the JSON it wrote, or {"raised": ...} when the process died before writing one.  `prefix`: a
+    command to run it under (`unprivileged(ops)`)."""
     import json
     import subprocess
     import sys
     import tempfile
     with tempfile.TemporaryDirectory() as t:
         res = os.path.join(t, "r.json")
-        subprocess.run([sys.executable, script, "--worker", mode, "--root", root, "--result", res],
+        subprocess.run([*(prefix or []), sys.executable, script, "--worker", mode, "--root", root, "--result", res],
                        env=dict(os.environ, **env), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        timeout=timeout)
         try:
@@ -100,6 +115,8 @@ def generator_args(doc: str, library_dir: str):
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(here, "..", "fixtures", "real", library_dir))
     ap.add_argument("--worker"), ap.add_argument("--root"), ap.add_argument("--result")
+    ap.add_argument("--cases", help="comma-separated case names: label only these against the committed healthy "
+                                    "fixture and merge them into its outcomes.json (the fixture is not rewritten)")
     return ap.parse_args()
 
 
@@ -116,6 +133,18 @@ def run_cases(doc: dict, stage: str, healthy: str, cases: list[dict], judge) -> 
         rec.update({k: case[k] for k in ("load",) if case.get(k)})
         doc["stages"][stage]["cases"][case["name"]] = rec
         print(f"{stage} {case['name']}: {outcome} {detail}", flush=True)
+
+
+def relabel(out: str, version: str, stage: str, healthy: str, cases: list[dict], names: str, judge) -> None:
+    """`--cases a,b`: label only the named cases against the committed healthy fixture (made with
+    this library `version`) and merge them into its outcomes.json; the fixture is not rewritten."""
+    import json
+    with open(os.path.join(out, "outcomes.json")) as fh:
+        doc = json.load(fh)
+    assert doc["version"] == version, f"the fixture was made with {doc['version']}, this is {version}"
+    want = names.split(",")
+    run_cases(doc, stage, healthy, [c for c in cases if c["name"] in want], judge)
+    write_outcomes(out, doc)
 
 
 def write_outcomes(out: str, doc: dict) -> None:

@@ -39,7 +39,19 @@ def cases() -> list[dict]:
         {"name": "empty-newer-step", "ops": [["mkdir", "3"]], "names": "3"},
         {"name": "killed-newer-save", "ops": [["copy_partial", "2", "3.orbax-checkpoint-tmp-1", "_CHECKPOINT*"]],
          "names": "3.orbax-checkpoint-tmp-1"},
+        # a file this user may not read (another user's umask, a copy that kept modes)
+        *({"name": f"{name}-unreadable", "ops": [["unreadable", f"2/{f}"]], "names": f"2/{f}"} for name, f in (
+            ("commit-success", "commit_success.txt"), ("checkpoint-metadata", "_CHECKPOINT_METADATA"),
+            ("item-manifest", "default/manifest.ocdbt"), ("item-metadata", "default/_METADATA"),
+            ("item-data", f"default/d/{_data_file()}"), ("process-copy", "default/ocdbt.process_0/manifest.ocdbt"),
+            ("item-commit-success", "default/commit_success.txt"))),
     ]
+
+
+def _data_file() -> str:
+    """The one data file of the committed fixture's step 2 (its name is a random hash)."""
+    d = os.path.join(HERE, "..", "fixtures", "real", "orbax", "run", "2", "default", "d")
+    return sorted(os.listdir(d))[0] if os.path.isdir(d) else "missing"
 
 
 def worker(mode: str, root: str, result: str) -> None:
@@ -77,8 +89,8 @@ def worker(mode: str, root: str, result: str) -> None:
         json.dump(seen, fh)
 
 
-def run(mode: str, root: str) -> dict:
-    return damage.run_worker(__file__, mode, root, {"JAX_PLATFORMS": "cpu"})
+def run(mode: str, root: str, ops: list = ()) -> dict:
+    return damage.run_worker(__file__, mode, root, {"JAX_PLATFORMS": "cpu"}, prefix=damage.unprivileged(list(ops)))
 
 
 def label(seen: dict) -> tuple[str, list]:
@@ -99,6 +111,9 @@ def main() -> None:
     import orbax.checkpoint
     from importlib.metadata import version
     healthy = os.path.join(args.out, "run")
+    judge = lambda root, case: label(run("load", root, case["ops"]))  # noqa: E731
+    if args.cases:
+        return damage.relabel(args.out, version("orbax-checkpoint"), "orbax", healthy, cases(), args.cases, judge)
     shutil.rmtree(healthy, ignore_errors=True)
     os.makedirs(args.out, exist_ok=True)
     got = run("save", os.path.abspath(healthy))
@@ -107,7 +122,7 @@ def main() -> None:
            "generator": "tests/conformance/gen_orbax.py", "world_size": 1,
            "stages": {"orbax": {"root": "run", "cases": {}}}}
     del orbax
-    damage.run_cases(doc, "orbax", healthy, cases(), lambda root, case: label(run("load", root)))
+    damage.run_cases(doc, "orbax", healthy, cases(), judge)
     damage.write_outcomes(args.out, doc)
 
 if __name__ == "__main__":

@@ -38,6 +38,10 @@ def cases() -> list[dict]:
          "names": f"{c4}/trainer_state.json"},
         {"name": "killed-newer-save", "ops": [["copy_partial", c4, "checkpoint-6", "model.safetensors"]],
          "names": "checkpoint-6"},
+        # a file this user may not read (another user's umask, a copy that kept modes): what the resume opens
+        *({"name": f"{f.split('.')[0].replace('_', '-')}-unreadable", "ops": [["unreadable", f"{c4}/{f}"]],
+           "names": f"{c4}/{f}"} for f in ("trainer_state.json", "config.json", "rng_state.pth", "optimizer.pt",
+                                           "training_args.bin", "generation_config.json")),
     ]
 
 
@@ -89,8 +93,9 @@ def worker(mode: str, root: str, result: str) -> None:
         json.dump(seen, fh)
 
 
-def run(mode: str, root: str) -> dict:
-    return damage.run_worker(__file__, mode, root, {"CUDA_VISIBLE_DEVICES": "", "TRANSFORMERS_VERBOSITY": "info"})
+def run(mode: str, root: str, ops: list = ()) -> dict:
+    return damage.run_worker(__file__, mode, root, {"CUDA_VISIBLE_DEVICES": "", "TRANSFORMERS_VERBOSITY": "info"},
+                             prefix=damage.unprivileged(list(ops)))
 
 
 def label(seen: dict, want_step: int) -> tuple[str, list]:
@@ -113,12 +118,15 @@ def main() -> None:
     import torch
     import transformers
     healthy = os.path.join(args.out, "trainer")
+    judge = lambda root, case: label(run("load", root, case["ops"]), 4)  # noqa: E731
+    if args.cases:
+        return damage.relabel(args.out, transformers.__version__, "trainer", healthy, cases(), args.cases, judge)
     shutil.rmtree(healthy, ignore_errors=True)
     assert run("save", healthy).get("ok"), "the healthy save failed"
     doc = {"library": "transformers", "version": transformers.__version__, "torch": torch.__version__.split("+")[0],
            "generator": "tests/conformance/gen_trainer.py", "world_size": 1,
            "stages": {"trainer": {"root": "trainer", "cases": {}}}}
-    damage.run_cases(doc, "trainer", healthy, cases(), lambda root, case: label(run("load", root), 4))
+    damage.run_cases(doc, "trainer", healthy, cases(), judge)
     damage.write_outcomes(args.out, doc)
 
 if __name__ == "__main__":
