@@ -643,3 +643,65 @@ def test_a_conflict_names_the_part_that_placed_that_very_file(tmp_path):
     st[0].journal_add(".metadata", rec(False))      # part 0 found it in place and compared
     assert st[0].writer_of(".metadata") == "part 1 (nodeB)"
     assert st[1].writer_of("__0_0.distcp") == "part 0 (host unknown)" and st[0].writer_of("absent") is None
+
+
+@pytest.mark.parametrize("schema", ["ckptdoctor.part/v0", "ckptdoctor.part/v2", "", None])
+def test_a_part_record_of_any_other_schema_is_refused_older_or_newer(schema):
+    """A part record is only read under the exact schema this version writes: one from an older or
+    newer ckptdoctor (or with none) is refused by name, so nothing is committed from a record whose
+    fields might mean something else."""
+    from ckptdoctor.publishing.parts import records as R
+    rec = R.PartRecord(0, 2, "pid1", NAME, "nodeA", "/src", {})
+    doc = json.loads(rec.to_bytes())
+    assert R.PartRecord.from_bytes(rec.to_bytes(), "p0").part == 0   # this version's own record reads
+    doc["schema"] = schema
+    with pytest.raises(R.PartRefused, match=r"^p0: not a readable part record \(schema .*\); nothing committed$"):
+        R.PartRecord.from_bytes(json.dumps(doc).encode(), "p0")
+
+
+def test_a_committer_on_another_host_is_gone_only_after_five_unchanged_heartbeats(tmp_path, monkeypatch):
+    """A waiting part judges a committer on another node by its heartbeat: gone once the beat has not
+    changed for five beats of this host's clock; any change of the beat (whatever it reads) starts
+    the count again, so a live committer is never taken over."""
+    from ckptdoctor.publishing import parts as P
+    from ckptdoctor.publishing.parts import local as L
+    st = P.LocalParts(str(tmp_path), NAME, P.PartSpec.parse("1/2", "hb"))
+    os.makedirs(os.path.join(st.dir, "alive"))
+    with open(os.path.join(st.dir, "commit"), "w") as fh:
+        json.dump({"part": 0, "host": "another-node", "pid": 1, "start": 1}, fh)
+    clock = [1000.0]
+    monkeypatch.setattr(L.time, "monotonic", lambda: clock[0])
+
+    def beat(text):
+        with open(os.path.join(st.dir, "alive", "0"), "w") as fh:
+            fh.write(text)
+    beat("another-node 1 9\n")
+    assert not st.committer_gone()                      # first sight of the beat
+    clock[0] += 5 * L.HEARTBEAT_SECONDS                 # exactly five beats: not yet
+    assert not st.committer_gone()
+    beat("another-node 1 10\n")                         # it beat again (sorting before the old line)
+    clock[0] += 5 * L.HEARTBEAT_SECONDS + 1
+    assert not st.committer_gone()                      # the change restarted the count
+    clock[0] += 5 * L.HEARTBEAT_SECONDS + 1             # then silence for more than five beats
+    assert st.committer_gone()
+
+
+def test_on_an_object_store_a_part_that_finds_a_live_committers_claim_does_not_commit_too():
+    """The election on an object store is an exclusive create of the claim: the part that finds a
+    claim of a live process (here this very process), or a claim it cannot read, loses, so two parts
+    never both commit; a claim left by a dead process on this host is taken over."""
+    import fsspec
+    from ckptdoctor.publishing import naming
+    from ckptdoctor.publishing.parts.objects import ObjectParts
+    from ckptdoctor.publishing.parts.records import PartSpec
+    fs = fsspec.filesystem("memory")
+    root = f"/elect-{os.getpid()}-{random.Random(7).randrange(1 << 30)}"
+    a, b = (ObjectParts(fs, root, NAME, PartSpec.parse(f"{k}/2", "el"), set()) for k in range(2))
+    assert a.elect() is True and a.committer() == 0
+    assert b.elect() is False and b.committer() == 0
+    fs.pipe_file(f"{a.dir}/commit", b"{not json")   # a claim that cannot be read: never taken as a win
+    assert b.elect() is False
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    fs.pipe_file(f"{a.dir}/commit", json.dumps({"part": 0, "host": naming.HOST, "pid": p.pid, "start": 1}).encode())
+    assert b.elect() is True and b.committer() == 1

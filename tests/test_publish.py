@@ -684,3 +684,13 @@ def test_retention_without_a_policy_removes_nothing_and_keep_within_alone_is_a_p
     assert sorted(p.removed) == ["iter_0000100", "iter_0000200"]
     assert p.kept == {"iter_0000400": "its age is unknown (kept under --keep-within)",
                       "iter_0000300": "written within the last 1h"}
+
+
+@pytest.mark.parametrize("text", ["", "   ", "7x", "seven days", "7d junk", "d7", "7d-1h"])
+def test_a_retention_duration_that_is_not_numbers_with_units_is_refused_never_read_as_zero(text):
+    """`prune --keep-within` takes numbers with units: anything else is refused by
+    name, never parsed as 0 s (which would let retention remove every checkpoint older than now)."""
+    from ckptdoctor.publishing import retention
+    with pytest.raises(ValueError, match="a duration is numbers with units"):
+        retention.parse_duration(text)
+    assert retention.parse_duration(" 1w 2d ") == 9 * 86400.0
