@@ -60,6 +60,9 @@ def cases(stage: int) -> list[dict]:
     if stage == 3:
         m1 = f"{s2}/zero_pp_rank_1_mp_rank_00_model_states.pt"
         out.append({"name": "rank1-model-missing", "ops": [["delete", m1]], "names": m1})
+    # a file the job's user may not read (another user's umask, a copy that kept modes)
+    out += [{"name": f"{name}-unreadable", "ops": [["unreadable", f]], "names": f}
+            for name, f in (("model", model), ("rank1-optim", optim1), ("latest", "latest"))]
     return out
 
 
@@ -123,15 +126,16 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks_cmd(script: str, mode: str, extra: list[str], root: str, timeout: float):
+def run_ranks_cmd(script: str, mode: str, extra: list[str], root: str, timeout: float, prefix: list | None = None):
     """Start WORLD ranks of `script --worker MODE` on a fresh gloo port; (per-rank results, hung?).
-    A rank still running after `timeout` s is killed (with its process group) and counts as hung."""
+    A rank still running after `timeout` s is killed (with its process group) and counts as hung.
+    `prefix`: a command to run each rank under (`damage.unprivileged(ops)`)."""
     port, tmp = _port(), tempfile.mkdtemp()
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     procs = []
     for r in range(WORLD):
         res = os.path.join(tmp, f"r{r}.json")
-        cmd = [sys.executable, script, "--worker", mode, *extra, "--root", root,
+        cmd = [*(prefix or []), sys.executable, script, "--worker", mode, *extra, "--root", root,
                "--rank", str(r), "--port", str(port), "--result", res, "--timeout", str(timeout)]
         procs.append((subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                        start_new_session=True), res))
@@ -156,8 +160,8 @@ def run_ranks_cmd(script: str, mode: str, extra: list[str], root: str, timeout: 
     return out, hung
 
 
-def run_ranks(mode: str, stage: int, root: str, timeout: float):
-    return run_ranks_cmd(__file__, mode, ["--stage", str(stage)], root, timeout)
+def run_ranks(mode: str, stage: int, root: str, timeout: float, prefix: list | None = None):
+    return run_ranks_cmd(__file__, mode, ["--stage", str(stage)], root, timeout, prefix)
 
 
 def label(results: list[dict | None], hung: bool, want: float | None, tag: str | None) -> tuple[str, list]:
@@ -182,12 +186,16 @@ def main() -> None:
     ap.add_argument("--stages", default="1,2,3")
     ap.add_argument("--worker"), ap.add_argument("--stage", type=int), ap.add_argument("--root")
     ap.add_argument("--rank", type=int), ap.add_argument("--port", type=int), ap.add_argument("--result")
+    ap.add_argument("--cases", help="comma-separated case names: label only these on the committed fixtures "
+                    "(what each healthy load returns is the reference) and merge them into outcomes.json")
     args = ap.parse_args()
     if args.worker:
         args.mode = args.worker
         return worker(args)
     import deepspeed
     import torch
+    if args.cases:
+        return relabel(args, deepspeed.__version__)
     os.makedirs(args.out, exist_ok=True)
     doc = {"library": "deepspeed", "version": deepspeed.__version__, "torch": torch.__version__.split("+")[0],
            "generator": "tests/conformance/gen_deepspeed.py", "world_size": WORLD, "stages": {}}
@@ -199,19 +207,43 @@ def main() -> None:
         prints = res[0]["fingerprints"]
         st = doc["stages"][str(stage)] = {"root": f"zero{stage}", "cases": {}}
         for case in cases(stage):
-            with tempfile.TemporaryDirectory() as t:
-                root = damage.copy_and_apply(healthy, os.path.join(t, "run"), case["ops"])
-                try:
-                    with open(os.path.join(root, "latest")) as fh:
-                        tag = fh.read().strip()
-                except OSError:
-                    tag = None
-                res, hung = run_ranks("load", stage, root, args.timeout)
-                outcome, detail = label(res, hung, prints.get(tag), tag)
-                detail = [d.replace(root, "<root>") if isinstance(d, str) else d for d in detail]
-            st["cases"][case["name"]] = {"ops": case["ops"], "names": case["names"], "outcome": outcome,
-                                         "detail": detail}
-            print(f"zero{stage} {case['name']}: {outcome} {detail}", flush=True)
+            _label_case(st, stage, healthy, case, prints, args.timeout)
+    damage.write_outcomes(args.out, doc)
+
+
+def _label_case(st: dict, stage: int, healthy: str, case: dict, prints: dict, timeout: float) -> None:
+    with tempfile.TemporaryDirectory() as t:
+        root = damage.copy_and_apply(healthy, os.path.join(t, "run"), case["ops"])
+        try:
+            with open(os.path.join(root, "latest")) as fh:
+                tag = fh.read().strip()
+        except OSError:
+            tag = None
+        res, hung = run_ranks("load", stage, root, timeout, damage.unprivileged(case["ops"]))
+        outcome, detail = label(res, hung, prints.get(tag), tag)
+        detail = [d.replace(root, "<root>") if isinstance(d, str) else d for d in detail]
+    st["cases"][case["name"]] = {"ops": case["ops"], "names": case["names"], "outcome": outcome, "detail": detail}
+    print(f"zero{stage} {case['name']}: {outcome} {detail}", flush=True)
+
+
+def relabel(args, version: str) -> None:
+    """`--cases`: the named cases on the committed fixtures, merged into outcomes.json; the reference
+    state is what the undamaged fixture's own load returns at the step `latest` names."""
+    with open(os.path.join(args.out, "outcomes.json")) as fh:
+        doc = json.load(fh)
+    assert doc["version"] == version, f"the fixtures were made with deepspeed {doc['version']}, this is {version}"
+    want = args.cases.split(",")
+    for stage in map(int, args.stages.split(",")):
+        healthy = os.path.join(args.out, f"zero{stage}")
+        with tempfile.TemporaryDirectory() as t:
+            res, hung = run_ranks("load", stage, damage.copy_and_apply(healthy, os.path.join(t, "run"), []),
+                                  args.timeout)
+        assert not hung and all(r and r.get("load_path") for r in res), res
+        tag = os.path.basename(os.path.dirname(os.path.normpath(res[0]["load_path"])))
+        prints = {tag: res[0]["fingerprint"]}
+        for case in cases(stage):
+            if case["name"] in want:
+                _label_case(doc["stages"][str(stage)], stage, healthy, case, prints, args.timeout)
     damage.write_outcomes(args.out, doc)
 
 

@@ -58,6 +58,10 @@ def cases() -> list[dict]:
          "names": f"{i2}/metadata.json"},
         {"name": "metadata-json-not-an-object", "ops": [["write", f"{i2}/metadata.json", "[]"]],
          "names": f"{i2}/metadata.json"},
+        # a file the job's user may not read (another user's umask, a copy that kept modes)
+        *({"name": f"{name}-unreadable", "ops": [["unreadable", f"{i2}/{f}"]], "names": f"{i2}/{f}"} for name, f in (
+            ("metadata-json", "metadata.json"), ("common-pt", "common.pt"), ("dcp-metadata", ".metadata"),
+            ("shard", "__0_0.distcp"))),
         {"name": "metadata-json-unknown-field", "ops": [["write", f"{i2}/metadata.json",
                                                          '{"sharded_backend": "torch_dist", "format": 2}']],
          "names": f"{i2}/metadata.json"},
@@ -178,6 +182,8 @@ def main() -> None:
     ap.add_argument("--port", type=int), ap.add_argument("--result"), ap.add_argument("--stage")
     ap.add_argument("--splits", action="store_true", help="label node-local layouts of the committed fixture "
                     "(preflight_splits.json) instead of regenerating it")
+    ap.add_argument("--cases", help="comma-separated case names: label only these on the committed fixture and "
+                    "merge them into its outcomes.json (the fixture is not rewritten)")
     ap.add_argument("--relabel", action="store_true", help="label every case on the committed fixture (its "
                     "bytes kept) instead of saving a new one; what was saved at each iteration is what its "
                     "healthy load returns (the committed `healthy: loads` label)")
@@ -190,7 +196,7 @@ def main() -> None:
     healthy = os.path.join(args.out, "torch_dist")
     if args.splits:
         return label_splits(args, healthy, megatron.core.__version__, torch.__version__.split("+")[0])
-    if args.relabel:
+    if args.relabel or args.cases:
         saved = _saved_by_healthy_loads(healthy, args.timeout)
     else:
         shutil.rmtree(healthy, ignore_errors=True)
@@ -201,10 +207,16 @@ def main() -> None:
     doc = {"library": "megatron-core", "version": megatron.core.__version__, "torch": torch.__version__.split("+")[0],
            "generator": "tests/conformance/gen_megatron.py", "world_size": WORLD,
            "stages": {"torch_dist": {"root": "torch_dist", "cases": {}}}}
+    if args.cases:
+        with open(os.path.join(args.out, "outcomes.json")) as fh:
+            doc = json.load(fh)
+        assert doc["version"] == megatron.core.__version__, "the fixture was made with another megatron-core"
     for case in cases():
+        if args.cases and case["name"] not in args.cases.split(","):
+            continue
         with tempfile.TemporaryDirectory() as t:
             root = damage.copy_and_apply(healthy, os.path.join(t, "run"), case["ops"])
-            res, hung = run_ranks_cmd(__file__, "load", [], root, args.timeout)
+            res, hung = run_ranks_cmd(__file__, "load", [], root, args.timeout, prefix=damage.unprivileged(case["ops"]))
             outcome, detail = label(res, hung, saved)
             detail = [d.replace(root, "<root>") if isinstance(d, str) else d for d in detail]
         doc["stages"]["torch_dist"]["cases"][case["name"]] = {"ops": case["ops"], "names": case["names"],
