@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -705,3 +706,54 @@ def test_on_an_object_store_a_part_that_finds_a_live_committers_claim_does_not_c
     p.wait()
     fs.pipe_file(f"{a.dir}/commit", json.dumps({"part": 0, "host": naming.HOST, "pid": p.pid, "start": 1}).encode())
     assert b.elect() is True and b.committer() == 1
+
+
+@pytest.mark.parametrize("size", [100, 300_000])
+def test_a_nodes_file_is_refused_only_when_its_bytes_differ_from_the_save_time_manifest(tmp_path, size):
+    """A node's copy is compared with the manifest written at save time by size and chunk digests:
+    an unchanged file passes whatever its size (a 100-byte file too), and one byte changed in place
+    (same size) is refused, naming the file, before anything is committed."""
+    from ckptdoctor.publishing.copier import SourceChanged
+    from ckptdoctor.publishing.parts.local import hash_file
+    from ckptdoctor.publishing.parts.protocol import _check_save_time_manifest
+    from ckptdoctor.publishing.parts.records import FileRecord
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    (src / "w.bin").write_bytes(random.Random(size).randbytes(size))
+    rc, out, err = cli("manifest", "--force", str(src))
+    assert rc == 0, err
+
+    def recs():
+        c = hash_file(str(src / "w.bin"))
+        return {"w.bin": FileRecord(c.size, c.digests)}
+    _check_save_time_manifest(str(src), recs())            # unchanged since the save: no refusal
+    data = bytearray((src / "w.bin").read_bytes())
+    data[size // 2] ^= 0xFF
+    (src / "w.bin").write_bytes(bytes(data))
+    with pytest.raises(SourceChanged, match=r"w\.bin: this node's bytes differ from the .* written at save time"):
+        _check_save_time_manifest(str(src), recs())
+
+
+def test_a_dead_committers_claim_that_cannot_be_re_read_under_the_lock_is_left_and_not_won(tmp_path, monkeypatch):
+    """Taking over a dead committer's claim re-reads it under the election lock; when that read
+    fails (a permission, an I/O error) the claim is left in place and this part does not commit:
+    never a crash, never two committers."""
+    from ckptdoctor.publishing import naming
+    from ckptdoctor.publishing import parts as P
+    from ckptdoctor.publishing.parts import local as L
+    st = P.LocalParts(str(tmp_path), NAME, P.PartSpec.parse("1/2", "to"))
+    os.makedirs(st.dir)
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    claim = json.dumps({"part": 0, "host": naming.HOST, "pid": p.pid, "start": 1})
+    (Path(st.dir) / "commit").write_text(claim)
+    real, calls = L.read_regular, []
+
+    def read_regular(path, limit):
+        calls.append(path)
+        if len(calls) > 1:
+            raise PermissionError(13, "Permission denied", path)
+        return real(path, limit)
+    monkeypatch.setattr(L, "read_regular", read_regular)
+    assert st.elect() is False and len(calls) == 2
+    assert (Path(st.dir) / "commit").read_text() == claim
