@@ -757,3 +757,19 @@ def test_a_dead_committers_claim_that_cannot_be_re_read_under_the_lock_is_left_a
     monkeypatch.setattr(L, "read_regular", read_regular)
     assert st.elect() is False and len(calls) == 2
     assert (Path(st.dir) / "commit").read_text() == claim
+
+
+def test_a_rerun_withdrawing_a_file_it_never_got_to_place_goes_on(tmp_path):
+    """A part killed between its record and its copy leaves a record naming a file that is not in
+    the staging tree; the re-run's withdrawal of that file (and of a record that is not there) is a
+    no-op, never an error that fails the re-run."""
+    from ckptdoctor.publishing import parts as P
+    st = P.LocalParts(str(tmp_path), NAME, P.PartSpec.parse("0/2", "rr"))
+    os.makedirs(os.path.join(st.tree, "sub"))
+    os.makedirs(os.path.join(st.dir, "parts"), exist_ok=True)
+    st.withdraw_record()
+    st.unplace("sub/__0_0.distcp")
+    st.unplace("never/made.bin")
+    (Path(st.tree) / "sub" / "kept.bin").write_bytes(b"x")
+    st.unplace("sub/kept.bin")
+    assert not (Path(st.tree) / "sub" / "kept.bin").exists()
