@@ -522,3 +522,31 @@ def test_nvrx_a_replica_of_a_higher_ranks_file_does_not_stand_for_a_ranks_own_ei
     rep = api.verify(str(root))
     (hit,) = assert_fires(rep, "CKD118", severity="error")
     assert "0/iter_0000200_0_local.pt" in hit.message, hit.message
+
+
+@pytest.mark.parametrize("name", ["peft-all-linear-adapter", "peft-dotted-adapter", "peft-regex-adapter"])
+def test_peft_adapters_whose_target_modules_take_peft_s_other_forms_are_healthy(wild, name):
+    """peft saves "all-linear" expanded to full dotted module names and accepts a dotted suffix
+    ("attn.c_attn") or one regex; PeftModel.from_pretrained loads each with every saved tensor
+    (make_wild.py peft_target_forms checks it), so none is a finding (both list forms were a false
+    alarm: the module's last name part was compared with whole entries)."""
+    rep = api.verify(str(wild(name)))
+    assert not loud(rep), loud(rep)
+
+
+def test_a_regex_target_modules_that_names_other_modules_than_the_saved_tensors_is_an_error(wild):
+    """A regex config naming modules the saved tensors are not on (`.*\\.c_proj` for tensors on
+    c_attn): peft loads with "missing adapter keys", the trained weights dropped and c_proj starting
+    fresh (make_wild.py checks it); a pattern that does not compile makes the load raise."""
+    d = wild("peft-regex-adapter")
+    cfg = json.loads((d / "adapter_config.json").read_text())
+    cfg["target_modules"] = r".*\.c_proj"
+    (d / "adapter_config.json").write_text(json.dumps(cfg))
+    msgs = [h.message for h in assert_fires(api.verify(str(d)), "CKD128", severity="error")]
+    assert msgs == ["adapter does not match adapter_config.json: 1 module(s) not in target_modules .*\\.c_proj: "
+                    "base_model.model.transformer.h.0.attn.c_attn"], msgs
+    cfg["target_modules"] = "(c_attn"
+    (d / "adapter_config.json").write_text(json.dumps(cfg))
+    msgs = [h.message for h in assert_fires(api.verify(str(d)), "CKD128", severity="error")]
+    assert msgs == ["adapter does not match adapter_config.json: target_modules '(c_attn' is not a regular expression "
+                    "(missing ), unterminated subpattern at position 0): PeftModel.from_pretrained raises on it"], msgs

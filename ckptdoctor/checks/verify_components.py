@@ -417,8 +417,15 @@ def peft_adapter_mismatch(ck, eng):
                 problems.append(f"{name} has rank {shape[dim]}, the config says {want}")
     if not modules:
         problems.append(f"{lora['weights']} holds no lora_A/lora_B tensors")
-    if isinstance(targets, list) and targets:
-        off = sorted(m for m in modules if m.rsplit(".", 1)[-1] not in targets)
+    if isinstance(targets, str):
+        try:
+            re.compile(targets)
+        except re.error as exc:   # peft's load raises re.error on it (0.21.2, measured)
+            problems.append(f"target_modules {targets[:80]!r} is not a regular expression ({exc}): "
+                            f"PeftModel.from_pretrained raises on it")
+            targets = None
+    if (isinstance(targets, list) and targets) or isinstance(targets, str):
+        off = sorted(m for m in modules if not _peft_targets(targets, m))
         if off:
             problems.append(f"{len(off)} module(s) not in target_modules {targets}: {off[0]}")
     for p in problems[:10]:
@@ -426,6 +433,17 @@ def peft_adapter_mismatch(ck, eng):
                   details={"file": lora["weights"], "r": r, "target_modules": targets},
                   hint="the adapter and its config come from different saves; PeftModel.from_pretrained "
                        "would fail or load the wrong shapes")
+
+
+def _peft_targets(targets: list | str, module: str) -> bool:
+    """Whether peft's target_modules names a saved adapter module, as peft matches it (0.21.2,
+    `check_target_module_exists`): a string is one regex over the whole module name; a list entry is
+    the name itself or a dotted suffix of it ("c_attn", "attn.c_attn", or the full names "all-linear"
+    is saved expanded to).  The saved name carries the `base_model.model.` prefix the model's has not."""
+    key = module.removeprefix("base_model.model.")
+    if isinstance(targets, str):
+        return re.fullmatch(targets, key) is not None   # a pattern that does not compile was named before
+    return any(key == t or key.endswith(f".{t}") for t in targets if isinstance(t, str))
 
 
 OCDBT_MAX_FILES = 100_000   # files of one Orbax item judged (a few per array in a real one)
