@@ -773,3 +773,24 @@ def test_a_rerun_withdrawing_a_file_it_never_got_to_place_goes_on(tmp_path):
     (Path(st.tree) / "sub" / "kept.bin").write_bytes(b"x")
     st.unplace("sub/kept.bin")
     assert not (Path(st.tree) / "sub" / "kept.bin").exists()
+
+
+@pytest.mark.parametrize("store", ["object", "local"])
+def test_a_waiting_part_reports_the_refusing_parts_own_words(tmp_path, store):
+    """When one part refuses the commit, every other part exits with that part's message (what
+    changed, on which node), on an object store as on a filesystem; only a refusal that cannot be
+    read is the generic "another part refused the commit"."""
+    from ckptdoctor.publishing import parts as P
+    from ckptdoctor.publishing.parts.objects import ObjectParts
+    if store == "object":
+        import fsspec
+        fs = fsspec.filesystem("memory")
+        root = f"/refuse-{os.getpid()}-{random.Random(11).randrange(1 << 30)}"
+        a, b = (ObjectParts(fs, root, NAME, P.PartSpec.parse(f"{k}/2", "rf"), set()) for k in range(2))
+    else:
+        a, b = (P.LocalParts(str(tmp_path), NAME, P.PartSpec.parse(f"{k}/2", "rf")) for k in range(2))
+        os.makedirs(a.dir)
+    assert b.failed() is None
+    why = "nodeA:/ckpt/__0_0.distcp: this node's bytes differ from the manifest written at save time " + "x" * 3000
+    a.fail(why)
+    assert b.failed() == why
