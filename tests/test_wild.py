@@ -286,7 +286,7 @@ def test_orbax_object_store_still_needs_the_commit_file(s3):
 NVRX_LOAD = json.loads((WILD / "nvrx" / "load.json").read_text())
 
 
-@pytest.mark.parametrize("variant", sorted(NVRX_LOAD))
+@pytest.mark.parametrize("variant", sorted(v for v in NVRX_LOAD if (WILD / "nvrx" / v).is_dir()))
 def test_nvrx_verdict_matches_the_real_load(wild, variant):
     """A root of NVRx per-rank directories is recognised (no CKD902), and the verdict follows what
     the real find_latest + load did: loads the newest iteration -> clean; silently falls back to an
@@ -310,6 +310,26 @@ def test_nvrx_verdict_matches_the_real_load(wild, variant):
             assert_fires(rep, "CKD118", severity="error")
         else:  # the newest iteration is there on every rank but a file of it does not load
             assert_fires(rep, "CKD117", path_contains="1/iter_0000200_1_local.pt")
+
+
+def test_an_nvrx_rank_directory_the_job_cannot_read_is_an_error_as_the_real_resume_hangs(wild):
+    """Rank 1's directory mode 000 (another user's umask): the real find_latest raised PermissionError
+    on rank 1 and rank 0 waited in a collective until killed (make_nvrx.py --unreadable, recorded as
+    "rank-dir-unreadable"); verify, run as the job's user, names the directory as an error (it was
+    skipped silently: a pass)."""
+    from helpers import assert_fires_json
+    real = NVRX_LOAD["rank-dir-unreadable"]
+    assert real["hung"] and not real["loaded"] and any("PermissionError" in e for e in real["errors"]), real
+    d = wild("nvrx/healthy")
+    os.chmod(d / "1", 0)
+    try:
+        rc, doc = _verify_unprivileged(d)
+    finally:
+        os.chmod(d / "1", 0o755)
+    assert rc == 1, doc["findings"]
+    (hit,) = assert_fires_json(doc, "CKD901", path_contains="nvrx_healthy/1", severity="error")
+    assert hit["message"] == ("cannot list 1/: Permission denied; rank 1's find_latest raises on it and the other "
+                              "ranks wait for it in a collective: the resume hangs"), hit["message"]
 
 
 def test_an_nvrx_fallback_names_unfinished_dirty_writes_only_when_there_are_some(wild):

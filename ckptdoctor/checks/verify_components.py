@@ -465,7 +465,15 @@ def orbax_item_damaged(ck, eng):
         try:
             entries = {e.name: e for e in ck.storage.listdir(base)}
         except OSError:
-            continue  # CKD901 territory; the structural walk reports unreadable directories
+            try:
+                entries = _ocdbt_by_name(ck, base, spec)
+            except OSError as exc:   # not even entered: restore fails (0.12.8, measured: FileNotFoundError)
+                eng.emit("CKD901", Hit(ck.path(item), f"cannot enter {item}: {exc.strerror or exc}; Orbax restores "
+                                       f"the arrays of {item!r} from it and fails", details={"item": item,
+                                                                                      "errno": exc.errno},
+                                       hint="make it readable (chmod a+rx, or run as the user who wrote it) and "
+                                            "verify again"))
+                continue
         procs = [n for n, e in entries.items() if e.is_dir and fnmatch.fnmatch(n, spec["process_dirs"])]
         nodes_dir = entries.get(spec["nodes"])
         if not procs and not (nodes_dir and nodes_dir.is_dir) and spec["manifest"] not in entries:
@@ -509,7 +517,11 @@ def orbax_item_damaged(ck, eng):
                           hint="a real Orbax item names a few files per array; check where this one came from")
                 break
             seen.add(rel)
-            st = ck.storage.stat(f"{base}/{rel}")
+            try:
+                st = ck.storage.stat(f"{base}/{rel}")
+            except OSError as exc:   # a directory on its path this user may not enter
+                eng.emit("CKD901", _unreadable_node(ck, item, rel, exc))
+                continue
             if st is None or not st.is_file:
                 yield Hit(ck.path(f"{item}/{rel}"), f"{item}/{rel} is missing: the item's b-tree names it, and "
                           f"Orbax fails reading the arrays stored there", details={"item": item, "file": f"{item}/{rel}",
@@ -541,6 +553,18 @@ def orbax_item_damaged(ck, eng):
                 queue += sorted(ocdbt.references(data) - seen)
 
 
+def _ocdbt_by_name(ck, base: str, spec: dict) -> dict:
+    """The entries of an item directory this user may enter but not list (mode 311): Orbax opens
+    its files by name and restores (0.12.8, measured), so they are found and judged by name.  An
+    OSError: the directory cannot even be entered."""
+    out = {}
+    for n in (spec["manifest"], spec.get("tree_metadata"), spec["nodes"]):
+        e = ck.storage.stat(f"{base}/{n}") if n else None
+        if e is not None:
+            out[n] = e
+    return out
+
+
 def _unreadable_node(ck, item: str, rel: str, exc: OSError) -> Hit:
     return Hit(ck.path(f"{item}/{rel}"), f"cannot read {item}/{rel}: {exc.strerror or exc}; the item's b-tree "
                f"names it, and Orbax fails restoring {item!r}", details={"item": item, "file": f"{item}/{rel}",
@@ -566,7 +590,12 @@ def nvrx_iteration_incomplete(ck, eng):
     for r in ranks:
         try:
             entries = ck.storage.listdir(ck.relpath(r))
-        except OSError:
+        except OSError as exc:   # measured (nvidia-resiliency-ext 0.4.1, make_nvrx.py --unreadable)
+            eng.emit("CKD901", Hit(ck.path(r), f"cannot list {r}/: {exc.strerror or exc}; rank {r}'s find_latest "
+                                   f"raises on it and the other ranks wait for it in a collective: the resume hangs",
+                                   details={"dir": r, "errno": exc.errno},
+                                   hint="make it readable (chmod a+rx, or run as the user who wrote it) and verify "
+                                        "again"))
             continue
         held[r], dirty[r] = set(), []
         for e in entries:

@@ -16,9 +16,11 @@ Ops, all relative to the run root:
   ["copy_cut", src, dst]      a newer single-file save killed early: dst is the first half of src
   ["link", path, target]      (re)point a symbolic link (a tracker that is a link, e.g. Composer's)
   ["deref", path]             replace a symbolic link with a copy of what it points to (cp -L, rsync -L)
-  ["unreadable", path]        mode 000 (a file written under another user's umask, a copy that kept
-                              modes): the load and verify then run without root's CAP_DAC_OVERRIDE
-                              (`unprivileged()`), so the permission bites as it would for the job's user
+  ["unreadable", path]        mode 000 (a file or directory written under another user's umask, a copy
+                              that kept modes): the load and verify then run without root's
+                              CAP_DAC_OVERRIDE (`unprivileged()`), so the permission bites as it would
+                              for the job's user
+  ["unlistable", dir]         mode 311: its files open by name, but it cannot be listed
 """
 from __future__ import annotations
 
@@ -67,6 +69,8 @@ def apply(root: str, ops: list) -> None:
             shutil.copy2(real, p)
         elif kind == "unreadable":
             os.chmod(os.path.join(root, args[0]), 0)
+        elif kind == "unlistable":
+            os.chmod(os.path.join(root, args[0]), 0o311)
         else:
             raise ValueError(f"unknown damage op {kind!r}")
 
@@ -74,7 +78,7 @@ def apply(root: str, ops: list) -> None:
 def unprivileged(ops: list) -> list[str]:
     """Command prefix for a case with an unreadable file: as root (how the generators and CI run),
     drop the two capabilities that bypass permission bits, so the process meets a real EACCES."""
-    if not any(op[0] == "unreadable" for op in ops) or os.geteuid() != 0:
+    if not any(op[0] in ("unreadable", "unlistable") for op in ops) or os.geteuid() != 0:
         return []
     caps = "-dac_override,-dac_read_search"
     return ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}"]

@@ -44,7 +44,10 @@ def cases() -> list[dict]:
             ("commit-success", "commit_success.txt"), ("checkpoint-metadata", "_CHECKPOINT_METADATA"),
             ("item-manifest", "default/manifest.ocdbt"), ("item-metadata", "default/_METADATA"),
             ("item-data", f"default/d/{_data_file()}"), ("process-copy", "default/ocdbt.process_0/manifest.ocdbt"),
-            ("item-commit-success", "default/commit_success.txt"))),
+            ("item-commit-success", "default/commit_success.txt"), ("item-dir", "default"),
+            ("item-nodes-dir", "default/d"))),
+        {"name": "item-dir-unlistable", "ops": [["unlistable", "2/default"]], "names": "2/default"},
+        {"name": "item-nodes-dir-unlistable", "ops": [["unlistable", "2/default/d"]], "names": "2/default/d"},
     ]
 
 
