@@ -794,3 +794,98 @@ def test_a_waiting_part_reports_the_refusing_parts_own_words(tmp_path, store):
     why = "nodeA:/ckpt/__0_0.distcp: this node's bytes differ from the manifest written at save time " + "x" * 3000
     a.fail(why)
     assert b.failed() == why
+
+
+def _one_part_staged(tmp_path, files: dict[str, bytes]):
+    """A one-part publish's staging holding `files`, recorded as this part's (no copy made)."""
+    from ckptdoctor.publishing import parts as P
+    from ckptdoctor.publishing.parts.records import FileRecord, PartRecord
+    spec = P.PartSpec.parse("0/1", "cm")
+    st = P.LocalParts(str(tmp_path), NAME, spec)
+    os.makedirs(os.path.join(st.dir, "parts"))
+    os.makedirs(st.tree, exist_ok=True)
+    for rel, data in files.items():
+        (Path(st.tree) / rel).write_bytes(data)
+    st.write_record(PartRecord(0, 1, "cm", NAME, "nodeA", "/src",
+                               {rel: FileRecord(len(d), ["x"]) for rel, d in files.items()}))
+    return st, spec
+
+
+def test_a_part_commit_that_fails_verification_names_its_first_four_reasons(tmp_path):
+    """The assembled checkpoint is verified before the commit; when it fails, the part says why in
+    one line: the first four reasons verify gave, then "nothing committed, tracker untouched"."""
+    from ckptdoctor.publishing.parts import protocol as PR
+    from ckptdoctor.publishing.parts.records import PartRefused
+    st, spec = _one_part_staged(tmp_path, {"a.bin": b"x"})
+    with pytest.raises(PartRefused) as ei:
+        PR._commit(st, None, spec, NAME, lambda tree: ("megatron", [f"CKD10{i} reason {i}" for i in range(1, 7)]))
+    assert str(ei.value) == (f"{NAME}: the checkpoint assembled from 1 parts fails verification: CKD101 reason 1; "
+                             "CKD102 reason 2; CKD103 reason 3; CKD104 reason 4; nothing committed, tracker untouched")
+
+
+def test_with_no_claim_standing_the_committer_counts_as_gone():
+    """A waiting part that finds no election claim (the committer finished and removed its staging,
+    or none was elected) does not wait for a committer: it is gone."""
+    from ckptdoctor.publishing import parts as P
+    st = P.LocalParts("/nonexistent-root", NAME, P.PartSpec.parse("1/2", "ng"))
+    assert st.claim() is None and st.committer_gone() is True
+
+
+def test_the_writer_of_a_file_is_found_past_a_stray_entry_in_the_journal_directory(tmp_path):
+    """The journal directory can hold what is not a journal (an NFS `.nfs0000...` silly-rename file,
+    an editor's backup), or a journal that cannot be read: each is skipped, and the part that placed
+    the file is still named."""
+    from ckptdoctor.publishing import parts as P
+    from ckptdoctor.publishing.parts.records import FileRecord
+    st = [P.LocalParts(str(tmp_path), NAME, P.PartSpec.parse(f"{k}/2", "wo")) for k in range(2)]
+    os.makedirs(os.path.join(st[0].dir, "journal"))
+    os.makedirs(os.path.join(st[0].dir, "alive"))
+    (Path(st[0].dir) / "alive" / "1").write_text("nodeB 123 1\n")
+    (Path(st[0].dir) / "journal" / ".nfs000000000012").write_text("not a journal\n")
+    os.makedirs(Path(st[0].dir) / "journal" / "0.jsonl")          # a journal that cannot be read
+    st[1].journal_add("__1_0.distcp", FileRecord(10, ["x"], 0, True))
+    assert st[0].writer_of("__1_0.distcp") == "part 1 (nodeB)"
+
+
+def test_a_rerun_takes_out_only_the_files_no_other_part_holds_and_skips_an_unreadable_record(tmp_path):
+    """A re-run of part 0 whose source no longer holds two files it placed: the one part 2's record
+    also holds stays (a higher part index, as a lower one would), the other is taken out; part 1's
+    record, unreadable, is skipped rather than failing the re-run."""
+    from ckptdoctor.publishing import parts as P
+    from ckptdoctor.publishing.parts import protocol as PR
+    from ckptdoctor.publishing.parts.records import FileRecord, PartRecord
+    st = P.LocalParts(str(tmp_path), NAME, P.PartSpec.parse("0/3", "ug"))
+    os.makedirs(os.path.join(st.dir, "parts"))
+    os.makedirs(st.tree)
+    for rel in ("shared.bin", "mine.bin"):
+        (Path(st.tree) / rel).write_bytes(b"x")
+    (Path(st.dir) / "parts" / "1.json").write_text("{not json")
+    (Path(st.dir) / "parts" / "2.json").write_bytes(
+        PartRecord(2, 3, "ug", NAME, "nodeC", "/src", {"shared.bin": FileRecord(1, ["x"])}).to_bytes())
+    journal = {rel: FileRecord(1, ["x"], 0, True) for rel in ("shared.bin", "mine.bin")}
+    PR._unplace_gone(st, journal, files={})
+    assert sorted(os.listdir(st.tree)) == ["shared.bin"]
+
+
+def test_a_part_beats_while_its_staging_exists_and_stops_when_it_is_gone(tmp_path):
+    """The heartbeat is what tells other nodes (and staging cleanup) that a part is alive: each beat
+    of the loop writes it while the staging exists, and none recreates it once the staging is gone.
+    The loop's clock is replaced by a stop event that lets three beats pass (no thread, no timing)."""
+    from ckptdoctor.publishing import parts as P
+
+    class Beats:
+        def __init__(self, n):
+            self.n = n
+
+        def wait(self, _seconds):
+            self.n -= 1
+            return self.n < 0          # False (beat again) n times, then stop
+    st = P.LocalParts(str(tmp_path), NAME, P.PartSpec.parse("0/2", "hb2"))
+    os.makedirs(os.path.join(st.dir, "alive"))
+    st._stop = Beats(3)
+    st._beat_loop()
+    assert st._beats == 3 and (Path(st.dir) / "alive" / "0").read_text()
+    shutil.rmtree(st.dir)
+    st._stop = Beats(3)
+    st._beat_loop()
+    assert st._beats == 3 and not os.path.exists(st.dir)

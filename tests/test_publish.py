@@ -694,3 +694,45 @@ def test_a_retention_duration_that_is_not_numbers_with_units_is_refused_never_re
     with pytest.raises(ValueError, match="a duration is numbers with units"):
         retention.parse_duration(text)
     assert retention.parse_duration(" 1w 2d ") == 9 * 86400.0
+
+
+@pytest.mark.parametrize("dest,inside", [("SRC", True), ("SRC/sub/dir", True), ("SRC-other", False),
+                                         ("file://SRC/x", True), ("PARENT", False), ("s3://bucket/SRC", False)])
+def test_a_destination_that_is_the_source_or_inside_it_is_recognised(tmp_path, dest, inside):
+    """publish refuses a DEST_ROOT that is the source checkpoint or lies inside it (the copy would
+    copy itself); a sibling whose name only starts like the source's, its parent, or an object
+    store are not inside."""
+    from ckptdoctor.publishing.flow import is_inside
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    d = dest.replace("SRC", str(src)).replace("PARENT", str(tmp_path)).replace("s3://bucket/" + str(src), "s3://bucket/x")
+    assert is_inside(d, str(src)) is inside
+
+
+def test_a_published_manifest_that_cannot_be_parsed_never_counts_as_the_same_content(tmp_path):
+    """Re-publishing under an existing name compares the source with the published manifest; one
+    that is not a manifest (corrupt, cut short) is "not the same" -- never an error, never a match."""
+    from ckptdoctor.publishing.flow import _same_content
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    (src / "a.bin").write_bytes(b"abc")
+    for bad in (b"", b"{not json", b'{"schema": "other"}', b"\xff\xfe"):
+        assert _same_content(str(src), {"a.bin": 3}, bad, 1, None) is False
+
+
+def test_an_object_store_seal_names_the_first_object_whose_size_differs_with_its_own_sizes():
+    """Before the commit every uploaded object's size is confirmed with a fresh listing; a mismatch
+    refuses the commit naming the first such object with its listed and expected sizes (not another
+    object's)."""
+    import fsspec
+    from ckptdoctor.engine.errors import InputError
+    from ckptdoctor.publishing.flow import ObjectCommit
+    fs = fsspec.filesystem("memory")
+    root = f"/seal-{os.getpid()}"
+    fs.pipe_file(f"{root}/ck/a.bin", b"x" * 5)
+    fs.pipe_file(f"{root}/ck/b.bin", b"y" * 7)
+    dest = ObjectCommit(fs, root, "memory://" + root)
+    with pytest.raises(InputError) as ei:
+        dest.seal(f"{root}/ck", [], {"a.bin": 6, "b.bin": 9}, b"{}")
+    assert str(ei.value) == f"memory://{root}: uploaded object size mismatch for a.bin (5 != 6); not committed"
+    fs.rm(root, recursive=True)
