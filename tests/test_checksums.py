@@ -180,3 +180,22 @@ def test_checksums_reuse_the_checkpoints_listing(ck, monkeypatch):
     monkeypatch.setattr(fs.LocalStorage, "listdir", listdir)
     assert_no_errors(verify(ck))
     assert listed.count("") == 1, listed
+
+
+def test_checksums_of_a_run_root_check_each_checkpoint_against_its_own_manifest(tmp_path):
+    """`verify --checksums RUN_ROOT`: each checkpoint's files are read from that checkpoint (its
+    manifest's paths are relative to it): a healthy run is clean, and a bit flipped in the newer
+    checkpoint is named there, the older one still clean."""
+    run = tmp_path / "run"
+    for step in (100, 200):
+        items = [W.Item(f"layers.{i}.w", (64, 64), (0, 0), (64, 64), [float(i)] * 4096, rank=i % 2) for i in range(4)]
+        W.write(str(run / f"step-{step}"), items)
+        write_manifest(str(run / f"step-{step}"), quiet=True)
+    rep = verify(run)
+    assert not [f for f in rep.findings if f.severity != "info"], [(f.rule, f.message) for f in rep.findings]
+    f = run / "step-200" / "__1_0.distcp"
+    data = bytearray(f.read_bytes())
+    data[data.find(b"\x00\x00\x80\x3f" * 8) + 100] ^= 0x01
+    f.write_bytes(bytes(data))
+    (hit,) = assert_fires(verify(run), "CKD151", path_contains="step-200/__1_0.distcp")
+    assert hit.details["why"] == "content differs"

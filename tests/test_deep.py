@@ -406,12 +406,14 @@ import json, os, signal, sys
 import ckptdoctor.checks.deep_scan as ds
 from ckptdoctor import api
 path, mode = sys.argv[1], sys.argv[2]
-seen = {"forked": 0, "signals": []}
+seen = {"forked": 0, "signals": [], "records": 0, "reported": 0}
 inner = ds._scan_in_workers
 def spy(*a):
     got = inner(*a)
     seen["forked"] += 1
     seen["signals"] += got[2]
+    seen["records"] += len(a[1])      # the records handed to the workers
+    seen["reported"] += len(got[0])   # those whose result came back through the pipes
     return got
 ds._scan_in_workers = spy
 if mode != "natural":   # natural: the shipped threshold decides (every other mode forks, but "threads")
@@ -487,6 +489,8 @@ def test_forked_workers_find_exactly_what_threads_find(real):
     assert forked["seen"]["forked"] == 1 and threads["seen"]["forked"] == 0
     assert forked["findings"] == threads["findings"]
     assert {r for r, _p, _m in forked["findings"]} == {"CKD130", "CKD132"}
+    # every record's result came back from the workers: none was read a second time in-process
+    assert forked["seen"]["reported"] == forked["seen"]["records"] > 0, forked["seen"]
 
 
 def test_a_deep_scan_forks_workers_only_for_64_mib_of_records_or_more(tmp_path):
@@ -672,3 +676,16 @@ def test_deep_slices_take_whole_files_largest_first_so_no_slice_runs_long():
     assert sorted(n for s in deal for n in s) == sorted(files)
     assert [sorted(s) for s in deal] == [["a", "d", "e"], ["b", "c"]]
     assert [sum(files[n] for n in s) for s in deal] == [11, 9]
+
+
+def test_deep_slices_are_the_same_whatever_order_each_process_listed_the_files_in():
+    """`--deep --slice k/n` runs as n independent processes (often on n nodes), each listing the
+    checkpoint itself: the files of equal size must go to the same slice whatever order a listing
+    gave, so the slices cover every file exactly once."""
+    from ckptdoctor.checks.deep_scan import _partition
+    files = {**{f"__{i}_0.distcp": 100 for i in range(7)}, "model.safetensors": 500, ".metadata": 7}
+    backwards = dict(reversed(list(files.items())))
+    for n in (2, 3):
+        slices = [_partition(files, k, n) for k in range(n)]
+        assert slices == [_partition(backwards, k, n) for k in range(n)], n
+        assert sorted(f for s in slices for f in s) == sorted(files)
