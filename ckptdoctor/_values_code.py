@@ -401,28 +401,6 @@ def f_30072cec(_MISSING, _d_ckpt_frames, _d_cls, _d_errno, _d_exception, _d_fix,
       return NotImplemented
     return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__}
 
-def f_303370db(_MISSING, _d_bytes, _d_records, _d_rescanned, _d_units, _f_bad_crc, _f_changed, _f_nonfinite, _f_skipped, _f_unreadable, _f_worker_signals, _f_zero_tails):
-    "def __init__(self, nonfinite=_MISSING, zero_tails=_MISSING, bad_crc=_MISSING, unreadable=_MISSING, skipped=_MISSING, changed=_MISSING, rescanned=_d_rescanned, worker_signals=_MISSING, units=_d_units, bytes=_d_bytes, records=_d_records):\n  self.nonfinite = _f_nonfinite() if nonfinite is _MISSING else nonfinite\n  self.zero_tails = _f_zero_tails() if zero_tails is _MISSING else zero_tails\n  self.bad_crc = _f_bad_crc() if bad_crc is _MISSING else bad_crc\n  self.unreadable = _f_unreadable() if unreadable is _MISSING else unreadable\n  self.skipped = _f_skipped() if skipped is _MISSING else skipped\n  self.changed = _f_changed() if changed is _MISSING else changed\n  self.rescanned = rescanned\n  self.worker_signals = _f_worker_signals() if worker_signals is _MISSING else worker_signals\n  self.units = units\n  self.bytes = bytes\n  self.records = records\ndef __repr__(self):\n  return self.__class__.__qualname__ + f'(nonfinite={self.nonfinite!r}, zero_tails={self.zero_tails!r}, bad_crc={self.bad_crc!r}, unreadable={self.unreadable!r}, skipped={self.skipped!r}, changed={self.changed!r}, rescanned={self.rescanned!r}, worker_signals={self.worker_signals!r}, units={self.units!r}, bytes={self.bytes!r}, records={self.records!r})'\ndef __eq__(self, other):\n  if other.__class__ is self.__class__:\n    return (self.nonfinite,self.zero_tails,self.bad_crc,self.unreadable,self.skipped,self.changed,self.rescanned,self.worker_signals,self.units,self.bytes,self.records,) == (other.nonfinite,other.zero_tails,other.bad_crc,other.unreadable,other.skipped,other.changed,other.rescanned,other.worker_signals,other.units,other.bytes,other.records,)\n  return NotImplemented"
-    def __init__(self, nonfinite=_MISSING, zero_tails=_MISSING, bad_crc=_MISSING, unreadable=_MISSING, skipped=_MISSING, changed=_MISSING, rescanned=_d_rescanned, worker_signals=_MISSING, units=_d_units, bytes=_d_bytes, records=_d_records):
-      self.nonfinite = _f_nonfinite() if nonfinite is _MISSING else nonfinite
-      self.zero_tails = _f_zero_tails() if zero_tails is _MISSING else zero_tails
-      self.bad_crc = _f_bad_crc() if bad_crc is _MISSING else bad_crc
-      self.unreadable = _f_unreadable() if unreadable is _MISSING else unreadable
-      self.skipped = _f_skipped() if skipped is _MISSING else skipped
-      self.changed = _f_changed() if changed is _MISSING else changed
-      self.rescanned = rescanned
-      self.worker_signals = _f_worker_signals() if worker_signals is _MISSING else worker_signals
-      self.units = units
-      self.bytes = bytes
-      self.records = records
-    def __repr__(self):
-      return self.__class__.__qualname__ + f'(nonfinite={self.nonfinite!r}, zero_tails={self.zero_tails!r}, bad_crc={self.bad_crc!r}, unreadable={self.unreadable!r}, skipped={self.skipped!r}, changed={self.changed!r}, rescanned={self.rescanned!r}, worker_signals={self.worker_signals!r}, units={self.units!r}, bytes={self.bytes!r}, records={self.records!r})'
-    def __eq__(self, other):
-      if other.__class__ is self.__class__:
-        return (self.nonfinite,self.zero_tails,self.bad_crc,self.unreadable,self.skipped,self.changed,self.rescanned,self.worker_signals,self.units,self.bytes,self.records,) == (other.nonfinite,other.zero_tails,other.bad_crc,other.unreadable,other.skipped,other.changed,other.rescanned,other.worker_signals,other.units,other.bytes,other.records,)
-      return NotImplemented
-    return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__}
-
 def f_346acb6c(_Frozen, _cls, _d_help, _d_minimum, _names, _set):
     "def __init__(self, type, minimum=_d_minimum, help=_d_help):\n  _set(self, 'type', type)\n  _set(self, 'minimum', minimum)\n  _set(self, 'help', help)\ndef __repr__(self):\n  return self.__class__.__qualname__ + f'(type={self.type!r}, minimum={self.minimum!r}, help={self.help!r})'\ndef __eq__(self, other):\n  if other.__class__ is self.__class__:\n    return (self.type,self.minimum,self.help,) == (other.type,other.minimum,other.help,)\n  return NotImplemented\ndef __hash__(self):\n  return hash((self.type,self.minimum,self.help,))\ndef __setattr__(self, name, value):\n  if type(self) is _cls or name in _names:\n    raise _Frozen(f'cannot assign to field {name!r}')\n  super(_cls, self).__setattr__(name, value)\ndef __delattr__(self, name):\n  if type(self) is _cls or name in _names:\n    raise _Frozen(f'cannot delete field {name!r}')\n  super(_cls, self).__delattr__(name)"
     def __init__(self, type, minimum=_d_minimum, help=_d_help):
@@ -1394,6 +1372,26 @@ def f_c373ad74(_MISSING, _d_bytes, _d_files, _d_seconds, _d_status, _d_tracker, 
     def __eq__(self, other):
       if other.__class__ is self.__class__:
         return (self.tracker,self.pruned,self.kept,self.cleaned,self.notes,self.source,self.dest,self.name,self.status,self.files,self.bytes,self.seconds,) == (other.tracker,other.pruned,other.kept,other.cleaned,other.notes,other.source,other.dest,other.name,other.status,other.files,other.bytes,other.seconds,)
+      return NotImplemented
+    return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__}
+
+def f_c4ac6571(_MISSING, _d_bytes, _d_records, _d_units, _f_bad_crc, _f_changed, _f_nonfinite, _f_skipped, _f_unreadable, _f_zero_tails):
+    "def __init__(self, nonfinite=_MISSING, zero_tails=_MISSING, bad_crc=_MISSING, unreadable=_MISSING, skipped=_MISSING, changed=_MISSING, units=_d_units, bytes=_d_bytes, records=_d_records):\n  self.nonfinite = _f_nonfinite() if nonfinite is _MISSING else nonfinite\n  self.zero_tails = _f_zero_tails() if zero_tails is _MISSING else zero_tails\n  self.bad_crc = _f_bad_crc() if bad_crc is _MISSING else bad_crc\n  self.unreadable = _f_unreadable() if unreadable is _MISSING else unreadable\n  self.skipped = _f_skipped() if skipped is _MISSING else skipped\n  self.changed = _f_changed() if changed is _MISSING else changed\n  self.units = units\n  self.bytes = bytes\n  self.records = records\ndef __repr__(self):\n  return self.__class__.__qualname__ + f'(nonfinite={self.nonfinite!r}, zero_tails={self.zero_tails!r}, bad_crc={self.bad_crc!r}, unreadable={self.unreadable!r}, skipped={self.skipped!r}, changed={self.changed!r}, units={self.units!r}, bytes={self.bytes!r}, records={self.records!r})'\ndef __eq__(self, other):\n  if other.__class__ is self.__class__:\n    return (self.nonfinite,self.zero_tails,self.bad_crc,self.unreadable,self.skipped,self.changed,self.units,self.bytes,self.records,) == (other.nonfinite,other.zero_tails,other.bad_crc,other.unreadable,other.skipped,other.changed,other.units,other.bytes,other.records,)\n  return NotImplemented"
+    def __init__(self, nonfinite=_MISSING, zero_tails=_MISSING, bad_crc=_MISSING, unreadable=_MISSING, skipped=_MISSING, changed=_MISSING, units=_d_units, bytes=_d_bytes, records=_d_records):
+      self.nonfinite = _f_nonfinite() if nonfinite is _MISSING else nonfinite
+      self.zero_tails = _f_zero_tails() if zero_tails is _MISSING else zero_tails
+      self.bad_crc = _f_bad_crc() if bad_crc is _MISSING else bad_crc
+      self.unreadable = _f_unreadable() if unreadable is _MISSING else unreadable
+      self.skipped = _f_skipped() if skipped is _MISSING else skipped
+      self.changed = _f_changed() if changed is _MISSING else changed
+      self.units = units
+      self.bytes = bytes
+      self.records = records
+    def __repr__(self):
+      return self.__class__.__qualname__ + f'(nonfinite={self.nonfinite!r}, zero_tails={self.zero_tails!r}, bad_crc={self.bad_crc!r}, unreadable={self.unreadable!r}, skipped={self.skipped!r}, changed={self.changed!r}, units={self.units!r}, bytes={self.bytes!r}, records={self.records!r})'
+    def __eq__(self, other):
+      if other.__class__ is self.__class__:
+        return (self.nonfinite,self.zero_tails,self.bad_crc,self.unreadable,self.skipped,self.changed,self.units,self.bytes,self.records,) == (other.nonfinite,other.zero_tails,other.bad_crc,other.unreadable,other.skipped,other.changed,other.units,other.bytes,other.records,)
       return NotImplemented
     return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__}
 

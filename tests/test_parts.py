@@ -794,6 +794,12 @@ def test_a_waiting_part_reports_the_refusing_parts_own_words(tmp_path, store):
     why = "nodeA:/ckpt/__0_0.distcp: this node's bytes differ from the manifest written at save time " + "x" * 3000
     a.fail(why)
     assert b.failed() == why
+    for unreadable in (b'["not an object"]', b'{"no": "message"}', b"{cut"):
+        if store == "object":
+            fs.pipe_file(f"{a.dir}/failed.json", unreadable)
+        else:
+            (Path(a.dir) / "failed.json").write_bytes(unreadable)
+        assert b.failed() == "another part refused the commit"
 
 
 def _one_part_staged(tmp_path, files: dict[str, bytes]):
@@ -889,3 +895,33 @@ def test_a_part_beats_while_its_staging_exists_and_stops_when_it_is_gone(tmp_pat
     st._stop = Beats(3)
     st._beat_loop()
     assert st._beats == 3 and not os.path.exists(st.dir)
+
+
+def test_hashing_a_part_s_source_file_never_follows_a_link_nor_waits_on_a_fifo(tmp_path):
+    """A part hashes each source file opened without following a symbolic link and without
+    blocking: a link (which could point anywhere) and a FIFO (which would wait for a writer
+    forever) are refused at once as not regular files."""
+    import threading
+    from ckptdoctor.publishing.parts.local import hash_file
+    (tmp_path / "real.bin").write_bytes(b"x" * 10)
+    os.symlink(tmp_path / "real.bin", tmp_path / "link.bin")
+    with pytest.raises(OSError):
+        hash_file(str(tmp_path / "link.bin"))
+    os.mkfifo(tmp_path / "fifo.bin")
+    out = []
+
+    def run():
+        try:
+            hash_file(str(tmp_path / "fifo.bin"))
+            out.append("hashed")
+        except OSError as exc:
+            out.append(exc)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(30)
+    if t.is_alive():   # unblock the open, so no thread is left waiting
+        with open(tmp_path / "fifo.bin", "wb"):
+            pass
+        t.join(5)
+    assert out and isinstance(out[0], OSError), out
+    assert hash_file(str(tmp_path / "real.bin")).size == 10

@@ -736,3 +736,36 @@ def test_an_object_store_seal_names_the_first_object_whose_size_differs_with_its
         dest.seal(f"{root}/ck", [], {"a.bin": 6, "b.bin": 9}, b"{}")
     assert str(ei.value) == f"memory://{root}: uploaded object size mismatch for a.bin (5 != 6); not committed"
     fs.rm(root, recursive=True)
+
+
+def test_a_publish_that_loses_the_race_for_its_name_leaves_no_temporary_copy(real, tmp_path, monkeypatch):
+    """Another publisher's rename lands on the name first: this publish refuses (nothing replaced)
+    and removes its own temporary copy, so no `.ckptdoctor-tmp-*` is left in the destination.
+    The race is forced: the rename finds the name taken because the hook creates it."""
+    from ckptdoctor.engine.errors import UsageError
+    from ckptdoctor.publishing import flow
+    run, dest = real("megatron_run"), tmp_path / "d"
+
+    def lose(tmp, final):
+        os.makedirs(final)            # the other publisher's checkpoint, in place a moment ago
+        raise FileExistsError(final)
+    monkeypatch.setattr(flow, "rename_noreplace", lose)
+    with pytest.raises(UsageError, match="appeared while publishing"):
+        ckptdoctor.publish(str(run / "iter_0000200"), str(dest))
+    assert not [n for n in os.listdir(dest) if "ckptdoctor-tmp" in n], os.listdir(dest)
+
+
+@pytest.mark.parametrize("exc,kind", [(ConnectionResetError(104, "reset"), "TransientError"),
+                                      (TimeoutError("timed out"), "TransientError"),
+                                      (FileNotFoundError(2, "gone"), "InputError"),
+                                      (PermissionError(13, "denied"), "InputError")])
+def test_an_object_store_error_while_publishing_is_retryable_only_when_it_is_transient(exc, kind):
+    """On an object store a dropped connection or a timeout is a transient error (exit 75: re-run
+    to finish); a missing object or a permission is an input error: re-running alone cannot help."""
+    import fsspec
+    from ckptdoctor.engine import errors
+    from ckptdoctor.publishing.flow import ObjectCommit
+    dest = ObjectCommit(fsspec.filesystem("memory"), "/t", "memory://t")
+    with pytest.raises(getattr(errors, kind)) as ei:
+        dest.translate(exc)
+    assert type(ei.value) is getattr(errors, kind) and "not committed (re-run to finish)" in str(ei.value)

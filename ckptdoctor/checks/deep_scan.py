@@ -122,8 +122,6 @@ class DeepResult:
     unreadable: list[dict] = field(default_factory=list)   # {file, why}: archive directory damaged
     skipped: list[str] = field(default_factory=list)       # files not scanned (reported as CKD901)
     changed: list[dict] = field(default_factory=list)      # {file, record, start, end, size}: file shrank
-    rescanned: int = 0                                      # records a dead worker left, read here instead
-    worker_signals: list[int] = field(default_factory=list)  # signals that ended scan workers
     units: int = 0                                          # files scanned by this process (--slice)
     bytes: int = 0
     records: int = 0
@@ -357,9 +355,9 @@ def _run(ck, plan, files, res: DeepResult, prog) -> None:
         counted: dict[int, int] = {}  # bytes of each record the workers' progress already counted
         np = _numpy()
         if sum(r.end - r.start for _, _, r in work) >= FORK_MIN and _may_fork():
-            got, counted, signals = _scan_in_workers(np, work, workers, prog)
-            res.worker_signals += signals
-            res.rescanned += len(work) - len(got)
+            # records a dead worker left (a SIGBUS on a file cut under its mapping, an OOM kill)
+            # are read below, in this process; the signals are for the tests that cause them
+            got, counted, _signals = _scan_in_workers(np, work, workers, prog)
         rest = [i for i in range(len(work)) if i not in got]
         if rest:
             with ThreadPoolExecutor(workers) as ex:  # the records no worker reported, or all of them
