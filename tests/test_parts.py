@@ -925,3 +925,34 @@ def test_hashing_a_part_s_source_file_never_follows_a_link_nor_waits_on_a_fifo(t
         t.join(5)
     assert out and isinstance(out[0], OSError), out
     assert hash_file(str(tmp_path / "real.bin")).size == 10
+
+
+def test_a_waiting_part_lets_a_live_committer_finish_its_after_commit(monkeypatch):
+    """A part that finds the checkpoint committed by another part waits while that committer is
+    alive and its after-commit pending; when the committer finishes, the waiting part does not
+    run the after-commit (tracker, retention) a second time.  Driven by a scripted staging: the
+    after-commit is pending for two polls, then done."""
+    from types import SimpleNamespace as NS
+    from ckptdoctor.publishing.parts import protocol as PR
+    monkeypatch.setattr(PR, "POLL_SECONDS", 0)
+    pending = iter([True, True, False])
+    st = NS(committed_by=0, final="/d/" + NAME, spec=NS(index=1), after_commit_pending=lambda: next(pending),
+            committer_gone=lambda: False, remove=lambda: None)
+    res, ran = NS(status=None, committer=None, notes=[]), []
+    PR._committed_elsewhere(st, res, time.monotonic() + 3600, lambda *a: ran.append(a), "auto", None, None)
+    assert ran == [] and res.notes == [] and res.status == "part-done" and res.committer == 0
+
+
+def test_a_heartbeat_that_cannot_be_written_to_the_object_store_is_skipped_not_raised():
+    """A missed heartbeat (the store refused one PUT) only makes the staging look older: it never
+    raises out of the heartbeat thread, which beats again next time."""
+    from ckptdoctor.publishing import parts as P
+    from ckptdoctor.publishing.parts.objects import ObjectParts
+
+    class Refusing:
+        def pipe_file(self, *a, **k):
+            raise RuntimeError("503 Slow Down")
+    st = ObjectParts(Refusing(), "/r", NAME, P.PartSpec.parse("0/2", "hb3"), set())
+    st.heartbeat()
+    st.heartbeat()
+    assert st._beats == 2

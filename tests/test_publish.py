@@ -769,3 +769,71 @@ def test_an_object_store_error_while_publishing_is_retryable_only_when_it_is_tra
     with pytest.raises(getattr(errors, kind)) as ei:
         dest.translate(exc)
     assert type(ei.value) is getattr(errors, kind) and "not committed (re-run to finish)" in str(ei.value)
+
+
+def test_only_a_dead_publishers_temporary_copy_or_any_trash_counts_as_abandoned(tmp_path):
+    """Retention and cleanup pass over what a publish is still writing: a temporary copy of a
+    live process on this host is being written; one whose process is gone, and any trash (a
+    replaced checkpoint waiting to be deleted), are abandoned."""
+    from ckptdoctor.publishing import naming, retention
+    live_tmp, trash = naming.temp_name("iter_0000100"), naming.trash_name("iter_0000100")
+    assert naming.parse_own(live_tmp)["kind"] == "tmp" and naming.parse_own(trash)["kind"] == "trash"
+    assert retention._dead_publish(live_tmp) is False
+    assert retention._dead_publish(trash) is True
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    dead_tmp = live_tmp.replace(f"-{os.getpid()}.", f"-{p.pid}.")
+    assert naming.parse_own(dead_tmp)["pid"] == str(p.pid) and retention._dead_publish(dead_tmp) is True
+    assert retention._dead_publish("iter_0000100") is False
+
+
+def test_a_chunk_digest_fed_in_any_pieces_is_xxh3_128_of_each_chunk():
+    """The manifest's digests are xxh3-128 of each CHUNK bytes; a stream fed in pieces that straddle
+    chunk boundaries (a writer's own buffer sizes) gets exactly those digests, as an independent
+    hash of each chunk gives."""
+    import xxhash
+    from ckptdoctor.publishing.copier import ChunkDigests
+    rng = random.Random(3)
+    data = rng.randbytes(10 * 1024 + 17)
+    cd = ChunkDigests(1024)
+    pos = 0
+    while pos < len(data):
+        n = rng.randrange(1, 3000)
+        cd.feed(data[pos:pos + n])
+        pos += n
+    want = [xxhash.xxh3_128(data[i:i + 1024]).hexdigest() for i in range(0, len(data), 1024)]
+    assert cd.finish() == want and cd.total == len(data)
+
+
+def test_a_copy_that_reads_fewer_bytes_than_the_file_holds_is_refused(tmp_path, monkeypatch):
+    """A read that ends early (a filesystem returning end-of-file before the size it reported) is
+    a changed source, never a short copy published whole: the file's size and mtime are unchanged,
+    only the bytes read tell."""
+    from ckptdoctor.publishing import copier
+    src = tmp_path / "w.bin"
+    src.write_bytes(random.Random(5).randbytes(300_000))
+    real_open = open
+
+    class Short:
+        def __init__(self, fh):
+            self.fh, self.got = fh, 0
+
+        def readinto(self, b):
+            if self.got >= 100_000:
+                return 0
+            n = self.fh.readinto(memoryview(b)[:65536])
+            self.got += n
+            return n
+
+        def __getattr__(self, k):
+            return getattr(self.fh, k)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            self.fh.close()
+    monkeypatch.setattr(copier, "open", lambda p, mode="r", *a, **k: Short(real_open(p, mode, *a, **k)),
+                        raising=False)
+    with pytest.raises(copier.SourceChanged, match=r"changed while being copied \(size 300000 -> 300000, read "):
+        copier.copy_file(str(src), str(tmp_path / "out.bin"), "w.bin")
