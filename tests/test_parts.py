@@ -956,3 +956,19 @@ def test_a_heartbeat_that_cannot_be_written_to_the_object_store_is_skipped_not_r
     st.heartbeat()
     st.heartbeat()
     assert st._beats == 2
+
+
+def test_on_an_object_store_a_refusal_frees_the_claim_and_a_rerun_clears_the_refusal():
+    """A refusing part leaves its reason and takes its election claim away (a re-run can commit);
+    a re-run clearing the failure removes the reason too, so waiting parts no longer see it."""
+    import fsspec
+    from ckptdoctor.publishing import parts as P
+    from ckptdoctor.publishing.parts.objects import ObjectParts
+    fs = fsspec.filesystem("memory")
+    root = f"/clear-{os.getpid()}-{random.Random(13).randrange(1 << 30)}"
+    a, b = (ObjectParts(fs, root, NAME, P.PartSpec.parse(f"{k}/2", "cl"), set()) for k in range(2))
+    assert a.elect() is True
+    a.fail("part 0: the source changed")
+    assert a.claim() is None and b.failed() == "part 0: the source changed"
+    a.clear_failure()
+    assert b.failed() is None and not fs.exists(f"{a.dir}/failed.json")

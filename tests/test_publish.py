@@ -837,3 +837,22 @@ def test_a_copy_that_reads_fewer_bytes_than_the_file_holds_is_refused(tmp_path, 
                         raising=False)
     with pytest.raises(copier.SourceChanged, match=r"changed while being copied \(size 300000 -> 300000, read "):
         copier.copy_file(str(src), str(tmp_path / "out.bin"), "w.bin")
+
+
+@pytest.mark.parametrize("exc,said", [(OSError(5, "Input/output error"), "Input/output error"),
+                                      (OSError("the tracker's directory vanished"), "the tracker's directory vanished")])
+def test_a_failure_after_the_commit_says_the_checkpoint_landed_and_what_failed(tmp_path, monkeypatch, exc, said):
+    """The tracker or retention failing after the rename: the message says the checkpoint is
+    published and complete, the tracker was not moved, and what failed -- an OS error's own words,
+    also when it carries no errno (then its text)."""
+    from ckptdoctor.engine.errors import InputError
+    from ckptdoctor.publishing import flow
+
+    def fail(*a, **k):
+        raise exc
+    monkeypatch.setattr(flow, "after_commit", fail)
+    dest = flow.LocalCommit(str(tmp_path))
+    with pytest.raises(InputError) as ei:
+        flow._after_commit(dest, "iter_0000100", None, "auto", None, None)
+    assert str(ei.value) == (f"{tmp_path}/iter_0000100 is published and complete, but the step after the commit "
+                             f"failed: {said}; the tracker was not moved past it (re-run publish to finish)")
