@@ -689,3 +689,15 @@ def test_deep_slices_are_the_same_whatever_order_each_process_listed_the_files_i
         slices = [_partition(files, k, n) for k in range(n)]
         assert slices == [_partition(backwards, k, n) for k in range(n)], n
         assert sorted(f for s in slices for f in s) == sorted(files)
+
+
+def test_a_deep_scan_closes_every_file_it_opened(tmp_path):
+    """--deep opens each shard once for all its records; every one is closed again, so a scan of a
+    checkpoint of thousands of shards cannot run out of file descriptors (counted in /proc)."""
+    from ckptdoctor.layouts import dcp_writer as W
+    d = tmp_path / "ck"
+    W.write(str(d), [W.Item(f"w{i}", (64, 4), (0, 0), (64, 4), [1.0] * 256, rank=i) for i in range(12)])
+    before = len(os.listdir("/proc/self/fd"))
+    rep = api.verify(str(d), deep=True)
+    assert not [f for f in rep.findings if f.severity != "info"], [(f.rule, f.message) for f in rep.findings]
+    assert len(os.listdir("/proc/self/fd")) == before
