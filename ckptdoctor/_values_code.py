@@ -369,6 +369,25 @@ def f_28c83e7f(_MISSING, _d_grid_problem, _d_key_model, _d_read_model, _d_saved_
       return NotImplemented
     return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__}
 
+def f_2efacc1f(_MISSING, _d_bytes, _d_units, _f_bad_crc, _f_changed, _f_nonfinite, _f_skipped, _f_unreadable, _f_zero_tails):
+    "def __init__(self, nonfinite=_MISSING, zero_tails=_MISSING, bad_crc=_MISSING, unreadable=_MISSING, skipped=_MISSING, changed=_MISSING, units=_d_units, bytes=_d_bytes):\n  self.nonfinite = _f_nonfinite() if nonfinite is _MISSING else nonfinite\n  self.zero_tails = _f_zero_tails() if zero_tails is _MISSING else zero_tails\n  self.bad_crc = _f_bad_crc() if bad_crc is _MISSING else bad_crc\n  self.unreadable = _f_unreadable() if unreadable is _MISSING else unreadable\n  self.skipped = _f_skipped() if skipped is _MISSING else skipped\n  self.changed = _f_changed() if changed is _MISSING else changed\n  self.units = units\n  self.bytes = bytes\ndef __repr__(self):\n  return self.__class__.__qualname__ + f'(nonfinite={self.nonfinite!r}, zero_tails={self.zero_tails!r}, bad_crc={self.bad_crc!r}, unreadable={self.unreadable!r}, skipped={self.skipped!r}, changed={self.changed!r}, units={self.units!r}, bytes={self.bytes!r})'\ndef __eq__(self, other):\n  if other.__class__ is self.__class__:\n    return (self.nonfinite,self.zero_tails,self.bad_crc,self.unreadable,self.skipped,self.changed,self.units,self.bytes,) == (other.nonfinite,other.zero_tails,other.bad_crc,other.unreadable,other.skipped,other.changed,other.units,other.bytes,)\n  return NotImplemented"
+    def __init__(self, nonfinite=_MISSING, zero_tails=_MISSING, bad_crc=_MISSING, unreadable=_MISSING, skipped=_MISSING, changed=_MISSING, units=_d_units, bytes=_d_bytes):
+      self.nonfinite = _f_nonfinite() if nonfinite is _MISSING else nonfinite
+      self.zero_tails = _f_zero_tails() if zero_tails is _MISSING else zero_tails
+      self.bad_crc = _f_bad_crc() if bad_crc is _MISSING else bad_crc
+      self.unreadable = _f_unreadable() if unreadable is _MISSING else unreadable
+      self.skipped = _f_skipped() if skipped is _MISSING else skipped
+      self.changed = _f_changed() if changed is _MISSING else changed
+      self.units = units
+      self.bytes = bytes
+    def __repr__(self):
+      return self.__class__.__qualname__ + f'(nonfinite={self.nonfinite!r}, zero_tails={self.zero_tails!r}, bad_crc={self.bad_crc!r}, unreadable={self.unreadable!r}, skipped={self.skipped!r}, changed={self.changed!r}, units={self.units!r}, bytes={self.bytes!r})'
+    def __eq__(self, other):
+      if other.__class__ is self.__class__:
+        return (self.nonfinite,self.zero_tails,self.bad_crc,self.unreadable,self.skipped,self.changed,self.units,self.bytes,) == (other.nonfinite,other.zero_tails,other.bad_crc,other.unreadable,other.skipped,other.changed,other.units,other.bytes,)
+      return NotImplemented
+    return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__}
+
 def f_30072cec(_MISSING, _d_ckpt_frames, _d_cls, _d_errno, _d_exception, _d_fix, _d_handled, _d_host, _d_message, _d_path, _d_path_source, _d_prefixed, _d_signature, _d_what, _f_chain, _f_reported_by):
     "def __init__(self, kind, rank, log, line, order, time, exception=_d_exception, message=_d_message, signature=_d_signature, cls=_d_cls, errno=_d_errno, path=_d_path, path_source=_d_path_source, host=_d_host, chain=_MISSING, reported_by=_MISSING, handled=_d_handled, prefixed=_d_prefixed, ckpt_frames=_d_ckpt_frames, what=_d_what, fix=_d_fix):\n  self.kind = kind\n  self.rank = rank\n  self.log = log\n  self.line = line\n  self.order = order\n  self.time = time\n  self.exception = exception\n  self.message = message\n  self.signature = signature\n  self.cls = cls\n  self.errno = errno\n  self.path = path\n  self.path_source = path_source\n  self.host = host\n  self.chain = _f_chain() if chain is _MISSING else chain\n  self.reported_by = _f_reported_by() if reported_by is _MISSING else reported_by\n  self.handled = handled\n  self.prefixed = prefixed\n  self.ckpt_frames = ckpt_frames\n  self.what = what\n  self.fix = fix\ndef __repr__(self):\n  return self.__class__.__qualname__ + f'(kind={self.kind!r}, rank={self.rank!r}, log={self.log!r}, line={self.line!r}, order={self.order!r}, time={self.time!r}, exception={self.exception!r}, message={self.message!r}, signature={self.signature!r}, cls={self.cls!r}, errno={self.errno!r}, path={self.path!r}, path_source={self.path_source!r}, host={self.host!r}, chain={self.chain!r}, reported_by={self.reported_by!r}, handled={self.handled!r}, prefixed={self.prefixed!r}, ckpt_frames={self.ckpt_frames!r}, what={self.what!r}, fix={self.fix!r})'\ndef __eq__(self, other):\n  if other.__class__ is self.__class__:\n    return (self.kind,self.rank,self.log,self.line,self.order,self.time,self.exception,self.message,self.signature,self.cls,self.errno,self.path,self.path_source,self.host,self.chain,self.reported_by,self.handled,self.prefixed,self.ckpt_frames,self.what,self.fix,) == (other.kind,other.rank,other.log,other.line,other.order,other.time,other.exception,other.message,other.signature,other.cls,other.errno,other.path,other.path_source,other.host,other.chain,other.reported_by,other.handled,other.prefixed,other.ckpt_frames,other.what,other.fix,)\n  return NotImplemented"
     def __init__(self, kind, rank, log, line, order, time, exception=_d_exception, message=_d_message, signature=_d_signature, cls=_d_cls, errno=_d_errno, path=_d_path, path_source=_d_path_source, host=_d_host, chain=_MISSING, reported_by=_MISSING, handled=_d_handled, prefixed=_d_prefixed, ckpt_frames=_d_ckpt_frames, what=_d_what, fix=_d_fix):
@@ -1372,26 +1391,6 @@ def f_c373ad74(_MISSING, _d_bytes, _d_files, _d_seconds, _d_status, _d_tracker, 
     def __eq__(self, other):
       if other.__class__ is self.__class__:
         return (self.tracker,self.pruned,self.kept,self.cleaned,self.notes,self.source,self.dest,self.name,self.status,self.files,self.bytes,self.seconds,) == (other.tracker,other.pruned,other.kept,other.cleaned,other.notes,other.source,other.dest,other.name,other.status,other.files,other.bytes,other.seconds,)
-      return NotImplemented
-    return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__}
-
-def f_c4ac6571(_MISSING, _d_bytes, _d_records, _d_units, _f_bad_crc, _f_changed, _f_nonfinite, _f_skipped, _f_unreadable, _f_zero_tails):
-    "def __init__(self, nonfinite=_MISSING, zero_tails=_MISSING, bad_crc=_MISSING, unreadable=_MISSING, skipped=_MISSING, changed=_MISSING, units=_d_units, bytes=_d_bytes, records=_d_records):\n  self.nonfinite = _f_nonfinite() if nonfinite is _MISSING else nonfinite\n  self.zero_tails = _f_zero_tails() if zero_tails is _MISSING else zero_tails\n  self.bad_crc = _f_bad_crc() if bad_crc is _MISSING else bad_crc\n  self.unreadable = _f_unreadable() if unreadable is _MISSING else unreadable\n  self.skipped = _f_skipped() if skipped is _MISSING else skipped\n  self.changed = _f_changed() if changed is _MISSING else changed\n  self.units = units\n  self.bytes = bytes\n  self.records = records\ndef __repr__(self):\n  return self.__class__.__qualname__ + f'(nonfinite={self.nonfinite!r}, zero_tails={self.zero_tails!r}, bad_crc={self.bad_crc!r}, unreadable={self.unreadable!r}, skipped={self.skipped!r}, changed={self.changed!r}, units={self.units!r}, bytes={self.bytes!r}, records={self.records!r})'\ndef __eq__(self, other):\n  if other.__class__ is self.__class__:\n    return (self.nonfinite,self.zero_tails,self.bad_crc,self.unreadable,self.skipped,self.changed,self.units,self.bytes,self.records,) == (other.nonfinite,other.zero_tails,other.bad_crc,other.unreadable,other.skipped,other.changed,other.units,other.bytes,other.records,)\n  return NotImplemented"
-    def __init__(self, nonfinite=_MISSING, zero_tails=_MISSING, bad_crc=_MISSING, unreadable=_MISSING, skipped=_MISSING, changed=_MISSING, units=_d_units, bytes=_d_bytes, records=_d_records):
-      self.nonfinite = _f_nonfinite() if nonfinite is _MISSING else nonfinite
-      self.zero_tails = _f_zero_tails() if zero_tails is _MISSING else zero_tails
-      self.bad_crc = _f_bad_crc() if bad_crc is _MISSING else bad_crc
-      self.unreadable = _f_unreadable() if unreadable is _MISSING else unreadable
-      self.skipped = _f_skipped() if skipped is _MISSING else skipped
-      self.changed = _f_changed() if changed is _MISSING else changed
-      self.units = units
-      self.bytes = bytes
-      self.records = records
-    def __repr__(self):
-      return self.__class__.__qualname__ + f'(nonfinite={self.nonfinite!r}, zero_tails={self.zero_tails!r}, bad_crc={self.bad_crc!r}, unreadable={self.unreadable!r}, skipped={self.skipped!r}, changed={self.changed!r}, units={self.units!r}, bytes={self.bytes!r}, records={self.records!r})'
-    def __eq__(self, other):
-      if other.__class__ is self.__class__:
-        return (self.nonfinite,self.zero_tails,self.bad_crc,self.unreadable,self.skipped,self.changed,self.units,self.bytes,self.records,) == (other.nonfinite,other.zero_tails,other.bad_crc,other.unreadable,other.skipped,other.changed,other.units,other.bytes,other.records,)
       return NotImplemented
     return {'__init__': __init__, '__repr__': __repr__, '__eq__': __eq__}
 

@@ -972,3 +972,31 @@ def test_on_an_object_store_a_refusal_frees_the_claim_and_a_rerun_clears_the_ref
     assert a.claim() is None and b.failed() == "part 0: the source changed"
     a.clear_failure()
     assert b.failed() is None and not fs.exists(f"{a.dir}/failed.json")
+
+
+def test_only_numbered_part_records_count_as_parts(tmp_path):
+    """The parts that have recorded are the `<k>.json` files of the staging's parts/ directory; a
+    stray file there (a `notes.json`, a writer's `2.json.tmp`, a bare `3`) is not a part and never
+    an error."""
+    from ckptdoctor.publishing import parts as P
+    st = P.LocalParts(str(tmp_path), NAME, P.PartSpec.parse("0/4", "rc"))
+    pdir = Path(st.dir) / "parts"
+    pdir.mkdir(parents=True)
+    for n in ("0.json", "1.json", "notes.json", "2.json.tmp", "3"):
+        (pdir / n).write_text("{}")
+    assert st.record_count() == {0, 1}
+    assert sorted(st.records()) == [0, 1]
+
+
+def test_a_commit_refused_for_unrecorded_files_names_the_first_three(tmp_path):
+    """The assembled tree must hold exactly what the part records say: files no record lists refuse
+    the commit, and the message names the first three of them (sorted), so an operator can find them."""
+    from ckptdoctor.publishing.parts import protocol as PR
+    from ckptdoctor.publishing.parts.records import PartRefused
+    st, spec = _one_part_staged(tmp_path, {"a.bin": b"x"})
+    for n in ("x1.bin", "x2.bin", "x3.bin", "x4.bin"):
+        (Path(st.tree) / n).write_bytes(b"y")
+    with pytest.raises(PartRefused) as ei:
+        PR._commit(st, None, spec, NAME, lambda tree: ("megatron", []))
+    assert str(ei.value) == (f"{st.tree}: the assembled tree differs from the part records (unrecorded x1.bin, "
+                             f"x2.bin, x3.bin); nothing committed")

@@ -856,3 +856,19 @@ def test_a_failure_after_the_commit_says_the_checkpoint_landed_and_what_failed(t
         flow._after_commit(dest, "iter_0000100", None, "auto", None, None)
     assert str(ei.value) == (f"{tmp_path}/iter_0000100 is published and complete, but the step after the commit "
                              f"failed: {said}; the tracker was not moved past it (re-run publish to finish)")
+
+
+def test_an_upload_reports_every_byte_to_its_progress_and_needs_none(tmp_path):
+    """An object-store upload streams the file once: a progress callback is told every byte (the
+    bar reaches the file's size), and an upload without one works the same."""
+    import fsspec
+    from ckptdoctor.publishing.copier import upload_file
+    src = tmp_path / "w.bin"
+    src.write_bytes(random.Random(9).randbytes(3 * (8 << 20) + 5))   # more than one 8 MiB read
+    fs = fsspec.filesystem("memory")
+    seen = []
+    c = upload_file(fs, str(src), f"/up-{os.getpid()}/w.bin", "w.bin", progress=seen.append)
+    assert sum(seen) == c.size == src.stat().st_size and len(seen) >= 4
+    c2 = upload_file(fs, str(src), f"/up-{os.getpid()}/w2.bin", "w.bin")
+    assert c2.digests == c.digests and fs.cat_file(f"/up-{os.getpid()}/w2.bin") == src.read_bytes()
+    fs.rm(f"/up-{os.getpid()}", recursive=True)

@@ -124,7 +124,6 @@ class DeepResult:
     changed: list[dict] = field(default_factory=list)      # {file, record, start, end, size}: file shrank
     units: int = 0                                          # files scanned by this process (--slice)
     bytes: int = 0
-    records: int = 0
 
 
 def scan(ck, eng) -> DeepResult | None:
@@ -163,7 +162,7 @@ def scan(ck, eng) -> DeepResult | None:
             if recs is None:
                 continue
             plan.append((name, recs))
-            res.units, res.bytes, res.records = res.units + 1, res.bytes + files[name], res.records + len(recs)
+            res.units, res.bytes = res.units + 1, res.bytes + files[name]
             count += len(recs)
             if count >= GROUP_RECORDS:
                 _run(ck, plan, files, res, prog)
