@@ -77,8 +77,25 @@ def test_zero_filled_tail_is_named_with_its_range(tmp_path):
         fh.write(b"\0" * (size - start))
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert not api.verify(str(d)).findings  # size, header and mtime all intact
-    hit = assert_fires(api.verify(str(d), deep=True), "CKD131", severity="warning")[0]
+    from ckptdoctor.checks import deep_scan as ds
+    asked, pread = [], ds._zero_tail
+    def spy(fd, size):               # the tail is found a page at a time: no read past one page
+        real = os.pread
+        def counted(fd_, n, off):
+            asked.append(n)
+            return real(fd_, n, off)
+        os.pread = counted
+        try:
+            return pread(fd, size)
+        finally:
+            os.pread = real
+    ds._zero_tail = spy
+    try:
+        hit = assert_fires(api.verify(str(d), deep=True), "CKD131", severity="warning")[0]
+    finally:
+        ds._zero_tail = pread
     assert hit.details["tensor"] == "w" and hit.details["start"] == start and hit.details["end"] == size
+    assert len(asked) >= 4 and max(asked) <= 4096, asked
 
 
 def test_deep_is_off_unless_asked_and_runs_from_the_cli(ckpt):
@@ -701,3 +718,15 @@ def test_a_deep_scan_closes_every_file_it_opened(tmp_path):
     rep = api.verify(str(d), deep=True)
     assert not [f for f in rep.findings if f.severity != "info"], [(f.rule, f.message) for f in rep.findings]
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_deep_on_a_save_holding_integer_tensors_and_objects_judges_the_floats_only(tmp_path):
+    """An integer tensor (a step counter, token ids) or a pickled object has no NaN to look for: a
+    deep scan of a real DCP save holding them beside a float tensor finds nothing on a healthy save
+    and never fails on them (no CKD900)."""
+    import torch.distributed.checkpoint as dcp
+    d = tmp_path / "ck"
+    dcp.save({"w": torch.ones(64), "ids": torch.arange(64), "step": torch.tensor(7), "meta": {"lr": 0.1}},
+             checkpoint_id=str(d), no_dist=True)
+    rep = api.verify(str(d), deep=True)
+    assert not [f for f in rep.findings if f.severity != "info"], [(f.rule, f.message) for f in rep.findings]

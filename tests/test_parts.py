@@ -1000,3 +1000,55 @@ def test_a_commit_refused_for_unrecorded_files_names_the_first_three(tmp_path):
         PR._commit(st, None, spec, NAME, lambda tree: ("megatron", []))
     assert str(ei.value) == (f"{st.tree}: the assembled tree differs from the part records (unrecorded x1.bin, "
                              f"x2.bin, x3.bin); nothing committed")
+
+
+def test_a_stale_part_staging_is_reported_with_its_age(tmp_path):
+    """A part publish's staging that no part has touched for longer than parts_stale_seconds is a
+    leftover (CKD202), reported with its age in seconds (to 0.1 s) from its newest sign of life."""
+    from ckptdoctor import api
+    from ckptdoctor.publishing.parts.local import staging_name
+    from helpers import assert_fires
+    run = tmp_path / "run"
+    megatron_iter(run / "iter_0000100", 100)
+    (run / TRACKER).write_text("100")
+    st = run / staging_name("iter_0000200", "job77")
+    (st / "alive").mkdir(parents=True)
+    (st / "alive" / "0").write_text("nodeA 1 1\n")
+    old = time.time() - 2 * 86400
+    for p in (st / "alive" / "0", st / "alive", st):
+        os.utime(p, (old, old))
+    (hit,) = assert_fires(api.verify(str(run)), "CKD202", path_contains="ckptdoctor-parts", severity="warning")
+    age = hit.details["age_seconds"]
+    assert isinstance(age, float) and 2 * 86400 - 5 < age < 2 * 86400 + 600 and round(age, 1) == age, hit.details
+    assert (hit.details["checkpoint"], hit.details["publish_id"]) == ("iter_0000200", "job77")
+
+
+def test_an_object_store_part_names_a_lower_numbered_part_as_the_writer_of_a_file():
+    """On an object store the writer of a conflicting file is read from the other parts' journals,
+    every part but the asking one: a file part 0 uploaded is named as part 0's when part 2 asks."""
+    import fsspec
+    import hashlib
+    from ckptdoctor.publishing import parts as P
+    from ckptdoctor.publishing.parts.objects import ObjectParts
+    fs = fsspec.filesystem("memory")
+    root = f"/writer-{os.getpid()}-{random.Random(17).randrange(1 << 30)}"
+    st = ObjectParts(fs, root, NAME, P.PartSpec.parse("2/3", "wr"), set())
+    key = hashlib.sha1(b"__0_0.distcp").hexdigest()
+    for k, host in ((0, "nodeA"), (1, "nodeB"), (2, "nodeC")):
+        fs.pipe_file(f"{st.dir}/alive/{k}", f"{host} 1 1\n".encode())
+    fs.pipe_file(f"{st.dir}/journal/0/{key}.json", json.dumps({"rel": "__0_0.distcp", "wrote": True}).encode())
+    assert st.writer_of("__0_0.distcp") == "part 0 (nodeA)"
+    fs.rm(root, recursive=True)
+
+
+def test_a_comparer_waits_ten_polls_for_the_writers_journal_then_says_another_part(monkeypatch):
+    """The part that placed a file journals it just after; a part comparing its copy waits for that
+    line ten polls (2 s), then names "another part" rather than waiting on."""
+    from types import SimpleNamespace as NS
+    from ckptdoctor.publishing.parts import protocol as PR
+    monkeypatch.setattr(PR, "POLL_SECONDS", 0)
+    asked = []
+    st = NS(writer_of=lambda rel: asked.append(rel))
+    assert PR._writer_of(st, "x.bin") == "another part" and len(asked) == 10
+    late = iter([None, None, "part 3 (nodeD)"])
+    assert PR._writer_of(NS(writer_of=lambda rel: next(late)), "x.bin") == "part 3 (nodeD)"
