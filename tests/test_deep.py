@@ -730,3 +730,34 @@ def test_deep_on_a_save_holding_integer_tensors_and_objects_judges_the_floats_on
              checkpoint_id=str(d), no_dist=True)
     rep = api.verify(str(d), deep=True)
     assert not [f for f in rep.findings if f.severity != "info"], [(f.rule, f.message) for f in rep.findings]
+
+
+def test_deep_workers_get_the_records_largest_first_to_the_least_loaded():
+    """Forked workers share a scan by bytes, not by count: each record, largest first, goes to the
+    worker with the fewest bytes so far (counted, not timed)."""
+    from ckptdoctor.checks.deep_scan import _assign
+    assert _assign([100, 60, 50, 40, 10], 2) == [[0, 3], [1, 2, 4]]
+    assert _assign([5, 5, 5], 4) == [[0], [1], [2], []]
+    mine = _assign([1 << 30] + [1 << 20] * 1024, 2)
+    assert mine[0] == [0] and len(mine[1]) == 1024      # one 1 GiB record balances 1024 of 1 MiB
+
+
+@pytest.mark.parametrize("lead_zeros", [0, 4096 + 3])
+def test_a_zero_tail_is_judged_by_every_byte_of_the_tensor_before_it(tmp_path, lead_zeros):
+    """A zero-filled tail inside a tensor is reported when the tensor holds data before it: every
+    byte before the tail is looked at, not only each window's first, so a tensor whose first
+    elements are zero (a bias, a padded row) is still seen to hold data."""
+    from safetensors.torch import save_file
+    d = tmp_path / "hf"
+    d.mkdir()
+    w = torch.randn(64, 256, generator=torch.Generator().manual_seed(2))
+    w.view(-1)[:lead_zeros // 4 + 1] = 0.0
+    save_file({"w": w}, str(d / "model.safetensors"))
+    f = d / "model.safetensors"
+    size = f.stat().st_size
+    start = (size - 3 * 4096) // 4096 * 4096
+    with open(f, "r+b") as fh:
+        fh.seek(start)
+        fh.write(b"\0" * (size - start))
+    hit = assert_fires(api.verify(str(d), deep=True), "CKD131", severity="warning")[0]
+    assert (hit.details["tensor"], hit.details["start"], hit.details["end"]) == ("w", start, size)

@@ -434,11 +434,7 @@ def _scan_in_workers(np, work, workers: int, prog) -> tuple[dict[int, RecordScan
     of them.  A record a worker did not report (it died: SIGBUS from a file truncated under its
     mapping, a signal, an error) is absent, and the caller reads it with pread."""
     import select
-    loads, mine = [0] * workers, [[] for _ in range(workers)]
-    for i in sorted(range(len(work)), key=lambda i: -(work[i][2].end - work[i][2].start)):
-        k = loads.index(min(loads))  # largest first to the least-loaded worker
-        loads[k] += work[i][2].end - work[i][2].start
-        mine[k].append(i)
+    mine = _assign([r.end - r.start for _, _, r in work], workers)
     got: dict[int, RecordScan] = {}
     counted: dict[int, int] = {}
     signals: list[int] = []
@@ -494,6 +490,17 @@ def _scan_in_workers(np, work, workers: int, prog) -> tuple[dict[int, RecordScan
                 pass
             os.close(r)
     return got, counted, signals
+
+
+def _assign(sizes: list[int], workers: int) -> list[list[int]]:
+    """Record indices per worker, by bytes: largest first to the least-loaded worker (ties to the
+    lower worker), so no worker is left with most of the bytes."""
+    loads, mine = [0] * workers, [[] for _ in range(workers)]
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        k = loads.index(min(loads))
+        loads[k] += sizes[i]
+        mine[k].append(i)
+    return mine
 
 
 def _worker(np, work, idxs: list[int], w: int) -> None:
