@@ -634,6 +634,8 @@ def test_forked_workers_map_a_large_record_that_starts_past_1_mib_window_by_wind
     (hit,) = [m for r, _, m in forked["findings"] if r == "CKD130"]
     assert "holds 2 NaN" in hit and hit.endswith(f"the first at b[{(1 << 18) + 7}]"), hit
     assert forked["progress"] == threads["progress"] and forked["progress"][1] == a.nbytes + b.nbytes
+    # and it was the workers that found it: no record was left to the in-process fallback
+    assert forked["seen"]["reported"] == forked["seen"]["records"] == 2, forked["seen"]
 
 
 def test_a_forked_workers_mappings_start_on_the_page_below_each_window_and_stay_bounded(tmp_path):
