@@ -508,6 +508,7 @@ def test_forked_workers_find_exactly_what_threads_find(real):
     assert {r for r, _p, _m in forked["findings"]} == {"CKD130", "CKD132"}
     # every record's result came back from the workers: none was read a second time in-process
     assert forked["seen"]["reported"] == forked["seen"]["records"] > 0, forked["seen"]
+    assert forked["progress"] == threads["progress"], (forked["progress"], threads["progress"])  # every byte once
 
 
 def test_a_deep_scan_forks_workers_only_for_64_mib_of_records_or_more(tmp_path):
