@@ -872,3 +872,27 @@ def test_an_upload_reports_every_byte_to_its_progress_and_needs_none(tmp_path):
     c2 = upload_file(fs, str(src), f"/up-{os.getpid()}/w2.bin", "w.bin")
     assert c2.digests == c.digests and fs.cat_file(f"/up-{os.getpid()}/w2.bin") == src.read_bytes()
     fs.rm(f"/up-{os.getpid()}", recursive=True)
+
+
+@pytest.mark.parametrize("shift_s", [-3600, 3600])
+def test_a_source_rewritten_during_its_upload_is_refused_whichever_way_its_mtime_moved(tmp_path, shift_s):
+    """A file rewritten in place while it is uploaded (same size; its mtime set back, as `rsync -t`
+    or `cp -p` from an older copy leaves it, or forward) is a changed source: the upload is refused,
+    never published as a mix of two versions.  The rewrite happens at the first progress report:
+    event order, no timing."""
+    import fsspec
+    from ckptdoctor.publishing import copier
+    src = tmp_path / "w.bin"
+    src.write_bytes(random.Random(21).randbytes(2 * (8 << 20) + 3))
+    st = src.stat()
+
+    def rewrite(_n):
+        if rewrite.done:
+            return
+        rewrite.done = True
+        with open(src, "r+b") as fh:
+            fh.write(b"\x01" * 4096)
+        os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + shift_s * 10**9))
+    rewrite.done = False
+    with pytest.raises(copier.SourceChanged, match="changed while being uploaded"):
+        copier.upload_file(fsspec.filesystem("memory"), str(src), f"/rw-{os.getpid()}/w.bin", "w.bin", progress=rewrite)
