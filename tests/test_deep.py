@@ -764,3 +764,20 @@ def test_a_zero_tail_is_judged_by_every_byte_of_the_tensor_before_it(tmp_path, l
         fh.write(b"\0" * (size - start))
     hit = assert_fires(api.verify(str(d), deep=True), "CKD131", severity="warning")[0]
     assert (hit.details["tensor"], hit.details["start"], hit.details["end"]) == ("w", start, size)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_nan_and_inf_are_counted_in_every_float_width(tmp_path, dtype):
+    """A NaN and an Inf in a tensor of each float width (F64 and F32 through numpy's isfinite, F16
+    and BF16 through the exponent masks) are counted exactly and the first is named; the counts are
+    what the real loader hands the model."""
+    from safetensors.torch import load_file, save_file
+    d = tmp_path / "hf"
+    d.mkdir()
+    w = torch.zeros(4, 300, dtype=dtype)
+    w[1, 7], w[2, 9], w[3, 11] = float("nan"), float("inf"), float("-inf")
+    save_file({"w": w}, str(d / "model.safetensors"))
+    got = load_file(str(d / "model.safetensors"))["w"]
+    assert (int(torch.isnan(got).sum()), int(torch.isinf(got).sum())) == (1, 2)
+    (hit,) = assert_fires(api.verify(str(d), deep=True), "CKD130", severity="error")
+    assert (hit.details["nan"], hit.details["inf"], hit.details["first"]) == (1, 2, "w[1, 7]"), hit.details

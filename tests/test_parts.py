@@ -1004,7 +1004,8 @@ def test_a_commit_refused_for_unrecorded_files_names_the_first_three(tmp_path):
 
 def test_a_stale_part_staging_is_reported_with_its_age(tmp_path):
     """A part publish's staging that no part has touched for longer than parts_stale_seconds is a
-    leftover (CKD202), reported with its age in seconds (to 0.1 s) from its newest sign of life."""
+    leftover (CKD202), reported with its age in seconds (to 0.1 s) from its newest sign of life; one
+    touched a moment ago is a publish in progress, not reported."""
     from ckptdoctor import api
     from ckptdoctor.publishing.parts.local import staging_name
     from helpers import assert_fires
@@ -1015,6 +1016,11 @@ def test_a_stale_part_staging_is_reported_with_its_age(tmp_path):
     (st / "alive").mkdir(parents=True)
     (st / "alive" / "0").write_text("nodeA 1 1\n")
     old = time.time() - 2 * 86400
+    for p in (st / "alive" / "0", st / "alive", st):
+        os.utime(p, (old, old))
+    for p in (st / "alive" / "0", st / "alive", st):    # touched a moment ago: a part publish in progress
+        os.utime(p, None)
+    assert "CKD202" not in api.verify(str(run)).rules()
     for p in (st / "alive" / "0", st / "alive", st):
         os.utime(p, (old, old))
     (hit,) = assert_fires(api.verify(str(run)), "CKD202", path_contains="ckptdoctor-parts", severity="warning")
@@ -1052,3 +1058,28 @@ def test_a_comparer_waits_ten_polls_for_the_writers_journal_then_says_another_pa
     assert PR._writer_of(st, "x.bin") == "another part" and len(asked) == 10
     late = iter([None, None, "part 3 (nodeD)"])
     assert PR._writer_of(NS(writer_of=lambda rel: next(late)), "x.bin") == "part 3 (nodeD)"
+
+
+def test_a_journal_entry_on_an_object_store_is_read_up_to_1_mib():
+    """Each journal entry is a few hundred bytes; reading one is bounded at 1 MiB, so a hostile or
+    corrupt entry past that is skipped, never read whole."""
+    import fsspec
+    from ckptdoctor.publishing import parts as P
+    from ckptdoctor.publishing.parts.objects import ObjectParts
+    from ckptdoctor.publishing.parts.records import FileRecord
+    fs = fsspec.filesystem("memory")
+    root = f"/journal-{os.getpid()}-{random.Random(19).randrange(1 << 30)}"
+    st = ObjectParts(fs, root, NAME, P.PartSpec.parse("0/2", "jb"), set())
+    st.journal_add("a.bin", FileRecord(3, ["x"], 0, True))
+    big = json.dumps({"rel": "b.bin", "size": 1, "digests": ["y" * (1536 << 10)], "wrote": True}).encode()
+    fs.pipe_file(f"{st.dir}/journal/0/big.json", big)
+    assert sorted(st.journal()) == ["a.bin"]
+    fs.rm(root, recursive=True)
+
+
+def test_a_process_on_another_host_is_never_judged_alive_from_here():
+    """A publish's temporary copy names its host and pid; a pid is only looked up on its own host
+    (this one's pid numbers say nothing about another node's)."""
+    from ckptdoctor.publishing import naming
+    assert naming.owner_alive({"host": naming.HOST, "pid": str(os.getpid()), "start": None}) is True
+    assert naming.owner_alive({"host": "another-node", "pid": str(os.getpid()), "start": None}) is False

@@ -896,3 +896,33 @@ def test_a_source_rewritten_during_its_upload_is_refused_whichever_way_its_mtime
     rewrite.done = False
     with pytest.raises(copier.SourceChanged, match="changed while being uploaded"):
         copier.upload_file(fsspec.filesystem("memory"), str(src), f"/rw-{os.getpid()}/w.bin", "w.bin", progress=rewrite)
+
+
+@pytest.mark.parametrize("mode,want", [(0o640, 0o640), (0o444, 0o644), (0o600, 0o600)])
+def test_a_published_file_keeps_its_sources_permission_bits_and_its_owner_may_write(tmp_path, mode, want):
+    """A copy has its source file's permission bits (a checkpoint readable only by its group stays
+    so), plus the owner's write bit, so the publisher can later replace or prune it."""
+    from ckptdoctor.publishing import copier
+    src = tmp_path / "w.bin"
+    src.write_bytes(b"x" * 100)
+    os.chmod(src, mode)
+    copier.copy_file(str(src), str(tmp_path / "out.bin"), "w.bin")
+    assert (tmp_path / "out.bin").stat().st_mode & 0o7777 == want
+
+
+def test_an_object_store_commit_that_finds_the_manifest_there_refuses_and_overwrites_nothing():
+    """The manifest, created exclusively, is the commit: when another publisher's is already there,
+    this publish says so and leaves it as it was."""
+    import fsspec
+    from ckptdoctor.engine.errors import UsageError
+    from ckptdoctor.layouts import manifest as mf
+    from ckptdoctor.publishing.flow import ObjectCommit
+    fs = fsspec.filesystem("memory")
+    root = f"/commit-{os.getpid()}"
+    fs.pipe_file(f"{root}/ck/{mf.NAME}", b"the other publisher's")
+    dest = ObjectCommit(fs, root, "memory://" + root)
+    dest._manifest = b"ours"
+    with pytest.raises(UsageError, match="another publisher committed first; nothing overwritten"):
+        dest.commit(f"{root}/ck", "ck", False)
+    assert fs.cat_file(f"{root}/ck/{mf.NAME}") == b"the other publisher's"
+    fs.rm(root, recursive=True)
