@@ -926,3 +926,14 @@ def test_an_object_store_commit_that_finds_the_manifest_there_refuses_and_overwr
         dest.commit(f"{root}/ck", "ck", False)
     assert fs.cat_file(f"{root}/ck/{mf.NAME}") == b"the other publisher's"
     fs.rm(root, recursive=True)
+
+
+def test_a_changed_source_is_named_three_files_of_each_kind_and_counts_the_rest():
+    """The one line a publish aborts with says what changed in the source meanwhile: for added,
+    removed and rewritten files the first three names (sorted) and exactly how many more."""
+    from ckptdoctor.publishing.copier import snapshot_diff
+    before = {f"k{i}.bin": (1, 1) for i in range(6)}
+    after = {**{f"k{i}.bin": (1, 1) for i in range(2)}, "k2.bin": (2, 2), **{f"n{i}.bin": (1, 1) for i in range(5)}}
+    assert snapshot_diff(before, after) == ("added n0.bin, n1.bin, n2.bin (+2 more); removed k3.bin, k4.bin, k5.bin; "
+                                            "rewritten k2.bin")
+    assert snapshot_diff(before, dict(before)) is None
