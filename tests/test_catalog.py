@@ -187,6 +187,23 @@ def test_every_curated_mutant_still_finds_its_line_once():
     assert mc.MUTANTS and not stale, f"mutants whose anchor text is not found exactly once: {stale}"
 
 
+def test_the_curated_baseline_names_each_guarding_test_once():
+    """The mutation check runs the guarding tests unmutated once, as one union: a test named by
+    several mutants, or inside a file another mutant names whole, is not run twice."""
+    import importlib.util
+    import sys
+    root = TESTS.parent
+    spec = importlib.util.spec_from_file_location("ckd_mutation_check", root / "scripts" / "mutation_check.py")
+    mc = importlib.util.module_from_spec(spec)
+    sys.modules["ckd_mutation_check"] = mc
+    spec.loader.exec_module(mc)
+    got = mc.union_of([("tests/a.py",), ("tests/a.py::t1", "tests/b.py::t2"), ("tests/b.py::t2", "tests/c.py::t[x]")])
+    assert got == {"tests/a.py", "tests/b.py::t2", "tests/c.py::t[x]"}
+    every = mc.union_of(m.tests for m in mc.MUTANTS)
+    files = {t for t in every if "::" not in t}
+    assert every and not any(t.split("::")[0] in files for t in every if "::" in t)
+
+
 def test_a_rule_whose_fix_is_to_resume_elsewhere_names_the_command_that_does_it():
     """From a rule's documentation to the fixing command without the README: every error or warning
     whose fix is to resume from another checkpoint names `ckptdoctor verify --fix` (which repoints the

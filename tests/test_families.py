@@ -304,6 +304,21 @@ def test_deepspeed_rank_grid(tmp_path):
     assert_fires(api.verify(str(run)), "CKD113")
 
 
+def test_a_deepspeed_run_without_its_latest_file_is_told_to_write_the_tag_not_to_link(tmp_path):
+    """DeepSpeed's `latest` holds the tag (global_step3), written as text: the advice for a missing one
+    names that content and never suggests the symbolic link Composer's tracker is."""
+    run = tmp_path / "ds"
+    ds_tag(run / "global_step3", dp=2, mp=1)
+    rep = api.verify(str(run))
+    hit = assert_fires(rep, "CKD111", severity="error")[0]
+    assert hit.details["newest_complete"] == "global_step3"
+    assert "write 'global_step3' into latest (temp file + rename)" in hit.hint, hit.hint
+    assert "ln -s" not in hit.hint and rep.facts["resume_from"] is None
+    (run / "latest").write_text("../elsewhere/global_step3")       # a tag that is a path: unparsable
+    hit = assert_fires(api.verify(str(run)), "CKD112", severity="error")[0]
+    assert "rewrite it to name a complete checkpoint" in hit.hint and "link" not in hit.hint, hit.hint
+
+
 @pytest.mark.parametrize("recorded", [None, -4, 0, True, 1 << 21])
 def test_a_deepspeed_world_not_recorded_is_counted_from_the_highest_rank_file_there(tmp_path, recorded):
     """Model-states files that record neither dp_world_size nor mp_world_size (an older save), or

@@ -43,6 +43,7 @@ def test_tracker_missing_while_complete_checkpoints_exist(real):
     hit = assert_fires(rep, "CKD111", severity="error")[0]
     assert hit.details["newest_complete"] == "iter_0000200"
     assert hit.hint.startswith("write the tracker atomically"), hit.hint   # a text tracker: no `ln -s` advice
+    assert "write '200' into latest_checkpointed_iteration.txt" in hit.hint, hit.hint   # what Megatron writes
     assert rep.facts["resume_from"] is None
 
 

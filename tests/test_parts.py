@@ -181,6 +181,40 @@ def test_sigkill_of_the_completing_part_then_rerun(tmp_path, phase):
     assert tracker_of(dest) == "100" and staging(dest) == []
 
 
+def test_a_waiting_part_that_takes_over_a_committer_dead_after_its_rename_finishes_its_after_commit(tmp_path):
+    """Part 0 saw no committed checkpoint, then the committer renamed it into place and died before
+    its tracker; part 0's election finds the dead claim and takes it over.  It must see the rename
+    landed and finish the after-commit (exit 0, tracker moved), not commit again from a tree that is
+    no longer there (seen in CI: exit 2 on ENOENT).  The window is held open, not timed: part 0 waits
+    just before its election until part 1 has died after its rename."""
+    parts, full = nodes_of(tmp_path, 2)
+    dest = tmp_path / "dest"
+    prev = megatron_iter(tmp_path / "prev" / "iter_0000050", 50)
+    assert cli("publish", "--quiet", prev, dest)[0] == 0
+    go, go1, log0 = tmp_path / "go", tmp_path / "go1", tmp_path / "phases0"
+    first = start_part(parts[0], dest, 0, 2, "job7", "--timeout", "120",
+                       env={"CKPTDOCTOR_TEST_HOLD_AT": f"elect:{go}", "CKPTDOCTOR_TEST_PHASE_LOG": str(log0)})
+    second = start_part(parts[1], dest, 1, 2, "job7",
+                        env={"CKPTDOCTOR_TEST_KILL_AT": "rename", "CKPTDOCTOR_TEST_HOLD_AT": f"elect:{go1}"})
+    t_end = time.monotonic() + 60
+    while "elect" not in _phase_log(log0) and time.monotonic() < t_end:   # both records in, part 0 held
+        time.sleep(0.05)
+    assert "elect" in _phase_log(log0) and first.poll() is None
+    go1.touch()                                  # part 1 elects (part 0 cannot), commits, dies after its rename
+    rc, out, err = finish(second)
+    assert rc == -signal.SIGKILL, err
+    assert_committed(dest, full) and tracker_of(dest) == "50"   # renamed into place, tracker not yet moved
+    assert first.poll() is None                                 # part 0 is held before its election
+    go.touch()
+    rc0, out0, err0 = finish(first)
+    assert rc0 == 0, err0
+    done = json.loads(out0)["facts"]["published"]
+    assert done["status"] == "part-done" and done["committer"] == 1, done
+    assert "part 1 ended before its after-commit" in " ".join(done["notes"]), done
+    assert tracker_of(dest) == "100" and staging(dest) == []
+    assert_committed(dest, full)
+
+
 def test_sigkill_at_random_moments_never_commits_half(tmp_path):
     """A bigger part killed at random times: at every moment the destination shows the previous
     tracker target intact and no iter_0000100 unless it is complete; re-running commits."""

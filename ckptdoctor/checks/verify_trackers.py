@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..engine.finding import Hit
 from ..engine.registry import check
+from ..layouts.trackers import render
 
 
 @check("CKD111", "run")
@@ -19,8 +20,17 @@ def tracker_missing(run, eng):
                   details={"tracker": spec.file, "newest_complete": done.name},
                   hint=(f"`ckptdoctor verify --fix {run.storage.show('')}` links it to {done.name} (or "
                         f"`ln -s {done.name} {spec.file}` in the run root)") if spec.parse == "symlink" else
-                       f"write the tracker atomically: ckptdoctor publish, or echo the step of "
-                       f"{done.name} into {spec.file} (temp file + rename)")
+                       f"write the tracker atomically: ckptdoctor publish, or write "
+                       f"{_content(run.layout, done.name)} into {spec.file} (temp file + rename)")
+
+
+def _content(layout, name: str) -> str:
+    """What the framework's writer puts in the tracker for `name`, quoted for the hint (a DeepSpeed
+    `latest` holds the tag itself, a Megatron one the step); the step of it when no writer is known."""
+    try:
+        return repr(render(layout, name))
+    except ValueError:
+        return f"the step of {name}"
 
 
 @check("CKD112", "run")

@@ -2,7 +2,7 @@
 
 CKPTDOCTOR_TEST_KILL_AT=PHASE     SIGKILL this process when publish reaches PHASE
                                   (copy, manifest, rename, swap, tracker-temp, tracker, prune, upload;
-                                  parts: part-record, put; lock-wait: about to wait for a run
+                                  parts: part-record, put, elect; lock-wait: about to wait for a run
                                   root's lock, in publish, prune and verify --fix)
 CKPTDOCTOR_TEST_KILL_AFTER=N      SIGKILL this process once N bytes were copied (mid-file, before the
                                   first file is placed: a moment too short to hit from outside)

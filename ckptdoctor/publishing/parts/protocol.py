@@ -221,10 +221,18 @@ def _finish(st, res, spec, name, verify, tracker, keep_last, keep_every, deadlin
         if msg is not None:
             raise PartRefused(msg)
         have = st.record_count()
-        if have >= set(range(spec.count)) and st.elect():
-            commit_all(st, res, verify, after_commit_fn, tracker, keep_last, keep_every)
-            res.seconds = time.monotonic() - t0
-            return res
+        if have >= set(range(spec.count)):
+            faults.point("elect")
+            if st.elect():
+                if st.committed_id() == spec.publish_id:
+                    # the claim won was a dead committer's whose rename landed after this part's look
+                    # above (a waiting part met it in CI): committed, only its after-commit is left
+                    res.status, res.committer = "part-done", st.committed_by
+                    _after_dead_committer(st, res, "ended", after_commit_fn, tracker, keep_last, keep_every)
+                else:
+                    commit_all(st, res, verify, after_commit_fn, tracker, keep_last, keep_every)
+                res.seconds = time.monotonic() - t0
+                return res
         if time.monotonic() > deadline:
             missing = sorted(set(range(spec.count)) - have)
             what = (f"parts {', '.join(map(str, missing[:8]))}{' ...' if len(missing) > 8 else ''} never arrived"
@@ -245,13 +253,19 @@ def _committed_elsewhere(st: LocalParts, res: PartResult, deadline: float, after
     while st.after_commit_pending():
         gone = st.committer_gone()
         if gone or time.monotonic() > deadline:
-            who = f"part {res.committer}" if res.committer is not None else "the committer"
-            res.notes.append(f"{st.final}: {who} {'ended' if gone else 'did not finish'} before its after-commit; "
-                             f"part {st.spec.index} wrote the tracker and applied retention")
-            after_commit_fn(res, tracker, keep_last, keep_every)
-            st.remove()
+            _after_dead_committer(st, res, "ended" if gone else "did not finish", after_commit_fn, tracker,
+                                  keep_last, keep_every)
             return
         time.sleep(POLL_SECONDS)
+
+
+def _after_dead_committer(st: LocalParts, res: PartResult, how: str, after_commit_fn, tracker, keep_last,
+                          keep_every) -> None:
+    who = f"part {res.committer}" if res.committer is not None else "the committer"
+    res.notes.append(f"{st.final}: {who} {how} before its after-commit; part {st.spec.index} wrote the tracker "
+                     f"and applied retention")
+    after_commit_fn(res, tracker, keep_last, keep_every)
+    st.remove()
 
 
 def _commit(st: LocalParts, res: PartResult, spec: PartSpec, name: str, verify) -> None:
