@@ -278,6 +278,26 @@ def test_dcp_healthy_then_nan_and_flipped_byte_named(real):
     assert crc.details["record"].startswith("dense.weight")
 
 
+def test_a_nan_in_the_last_record_of_a_shard_is_found_like_one_in_the_first(tmp_path):
+    """A shard holds many tensors one after another: every record is scanned, wherever it starts
+    in the file (the real dcp.load returns the NaN from the last as from the first)."""
+    import torch.distributed.checkpoint as dcp
+    g = torch.Generator().manual_seed(7)
+    ck = tmp_path / "ck"
+    dcp.save({f"t{i}": torch.randn(4096, generator=g) for i in range(4)}, checkpoint_id=str(ck), no_dist=True)
+    assert not api.verify(str(ck), deep=True).findings
+    starts = {f: _dcp_item(ck, f)[1] for f in ("t0", "t3")}
+    last = max(starts, key=starts.get)                  # the record the save put last in the file
+    path, start, _ = _dcp_item(ck, last)
+    assert start > 3 * 4096 * 4                         # past the other three tensors' bytes
+    _patch(path, start + 8, struct.pack("<I", 0x7FC00000))
+    hit = assert_fires(api.verify(str(ck), deep=True), "CKD130", severity="error", path_contains=path.name)[0]
+    assert hit.details["tensor"].startswith(last) and hit.details["nan"] == 1, hit.details
+    sd = {f"t{i}": torch.zeros(4096) for i in range(4)}
+    dcp.load(sd, checkpoint_id=str(ck), no_dist=True)
+    assert int(torch.isnan(sd[last]).sum()) == 1 and not any(torch.isnan(sd[k]).any() for k in sd if k != last)
+
+
 def test_dcp_deep_slices_cover_every_file_once_and_merge_finds_it(real, tmp_path):
     from helpers import cli
     ck = real("dcp_4rank")
