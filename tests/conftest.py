@@ -109,9 +109,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist's controller: a worker's rules seen firing join this process's (the coverage
+    check below runs here, over every worker's tests)."""
+    from helpers import FIRED
+    FIRED.update(getattr(node, "workeroutput", {}).get("ckd_fired", ()))
+
+
 def pytest_sessionfinish(session, exitstatus):
     """On a full, green run: every catalog rule must have been seen firing by a test (helpers.FIRED)."""
     cfg = session.config
+    if hasattr(cfg, "workerinput"):  # an xdist worker saw only its share: hand it to the controller
+        from helpers import FIRED
+        cfg.workeroutput["ckd_fired"] = sorted(FIRED)
+        return
     narrowed = cfg.getoption("keyword") or cfg.getoption("markexpr") or cfg.getoption("lf", False) or \
         any(a not in ("tests", "tests/", str(HERE)) for a in cfg.args)
     if narrowed or exitstatus != 0 or cfg.getoption("collectonly") or session.testscollected < 100:
