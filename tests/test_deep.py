@@ -98,6 +98,33 @@ def test_zero_filled_tail_is_named_with_its_range(tmp_path):
     assert len(asked) >= 4 and max(asked) <= 4096, asked
 
 
+@pytest.mark.parametrize("zeros_from, found", [(4096, True), (-4000, False)])
+def test_a_zero_tail_of_a_page_or_more_is_named_wherever_it_starts(tmp_path, zeros_from, found):
+    """A zero-filled tail is reported when it covers at least one whole page, however far from the
+    end it starts (here all but the first page of a file whose size is no multiple of 4 KiB); a run
+    of zeros shorter than a page, at the very end, is no finding."""
+    from safetensors.torch import save_file
+    d = tmp_path / "hf"
+    d.mkdir()
+    g = torch.Generator().manual_seed(3)
+    f = d / "model.safetensors"
+    save_file({"w": torch.randn(64, 64, generator=g)}, str(f))
+    st = os.stat(f)
+    size = st.st_size
+    assert size % 4096 and size > 3 * 4096
+    start = zeros_from if zeros_from > 0 else size + zeros_from
+    with open(f, "r+b") as fh:
+        fh.seek(start)
+        fh.write(b"\0" * (size - start))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    rep = api.verify(str(d), deep=True)
+    if found:
+        hit = assert_fires(rep, "CKD131", severity="warning")[0]
+        assert (hit.details["start"], hit.details["end"]) == (4096, size), hit.details
+    else:
+        assert "CKD131" not in {x.rule for x in rep.findings}, [(x.rule, x.message) for x in rep.findings]
+
+
 def test_deep_is_off_unless_asked_and_runs_from_the_cli(ckpt):
     _poke(ckpt / "model.safetensors", "a.weight", 3, struct.pack("<I", 0x7F800000))
     from helpers import cli
