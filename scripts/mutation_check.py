@@ -403,10 +403,21 @@ def copy_tree(dst: str) -> None:
             shutil.copy2(src, os.path.join(dst, rel), follow_symlinks=False)
 
 
+def _env(work: str) -> dict:
+    """The environment every run in a copy gets: the copy first on PYTHONPATH (subprocesses of the
+    CLI too) and its own temporary directory -- pytest prunes old numbered run directories under
+    it, and two copies sharing one pruned each other's module fixtures mid-run (seen as false
+    failures)."""
+    tmp = work.rstrip("/") + ".tmp"
+    os.makedirs(tmp, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=work, PYTHONDONTWRITEBYTECODE="1", PYTHONWARNINGS="ignore", TMPDIR=tmp)
+    env.pop("CKPTDOCTOR_CONFIG", None)
+    return env
+
+
 def _imports_own_copy(work: str, out: list) -> bool:
-    env = dict(os.environ, PYTHONPATH=work, PYTHONDONTWRITEBYTECODE="1")
-    p = subprocess.run([sys.executable, "-c", "import ckptdoctor; print(ckptdoctor.__file__)"], cwd=work, env=env,
-                       capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-c", "import ckptdoctor; print(ckptdoctor.__file__)"], cwd=work,
+                       env=_env(work), capture_output=True, text=True)
     if p.returncode == 0 and os.path.realpath(p.stdout.strip()).startswith(os.path.realpath(work) + os.sep):
         return True
     out.append(f"the copy {work} imports {p.stdout.strip() or p.stderr[-400:]!r}, not its own package")
@@ -422,16 +433,10 @@ def union_of(test_sets) -> set[str]:
 
 def _pytest(work: str, tests: tuple[str, ...], timeout: int, out: list | None = None,
             stop_first: bool = True) -> int:
-    # each copy its own temporary directory: pytest prunes old numbered run directories under it,
-    # and two copies sharing one pruned each other's module fixtures mid-run (seen as false failures)
-    tmp = work.rstrip("/") + ".tmp"
-    os.makedirs(tmp, exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=work, PYTHONDONTWRITEBYTECODE="1", PYTHONWARNINGS="ignore", TMPDIR=tmp)
-    env.pop("CKPTDOCTOR_CONFIG", None)
     try:
         p = subprocess.run([sys.executable, "-m", "pytest", *(["-x"] if stop_first else []), "-q",
                             "-p", "no:cacheprovider", *tests],
-                           cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
+                           cwd=work, env=_env(work), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return -1
     if out is not None:
@@ -494,7 +499,6 @@ def main() -> int:
         # and over)
         t0 = time.monotonic()
         sets = sorted(union_of(m.tests for m in chosen))
-        chunks = [sets[i::len(works)] for i in range(len(works))]
         if a.suite_passed:
             # CI ran the whole suite on this very tree just before (and stops when it fails): these
             # tests passing unmutated is proven there, and repeating them took 339 s of CI's 60 minutes
@@ -502,6 +506,8 @@ def main() -> int:
             # import its own package (PYTHONPATH first, the mechanism every kill depends on) and
             # collect every guarding test.
             chunks = [["--collect-only", *sets]] * len(works)
+        else:
+            chunks = [sets[i::len(works)] for i in range(len(works))]
 
         def base(tests):
             w = free.pop()

@@ -172,16 +172,21 @@ def test_the_tracker_dangling_hint_names_the_command_that_fixes_it(tmp_path):
     assert hit.hint.startswith("`ckptdoctor verify --fix ") and "iter_0000100" in hit.hint and "--dry-run" in hit.hint
 
 
-def test_every_curated_mutant_still_finds_its_line_once():
-    """A mutant whose text no longer appears exactly once fails the mutation check after the whole
-    suite has run (half an hour into CI): say so here, in a second."""
+def _mutation_check():
+    """scripts/mutation_check.py, loaded as a module (scripts/ is no package)."""
     import importlib.util
     import sys
-    root = TESTS.parent
-    spec = importlib.util.spec_from_file_location("ckd_mutation_check", root / "scripts" / "mutation_check.py")
+    spec = importlib.util.spec_from_file_location("ckd_mutation_check", TESTS.parent / "scripts" / "mutation_check.py")
     mc = importlib.util.module_from_spec(spec)
     sys.modules["ckd_mutation_check"] = mc
     spec.loader.exec_module(mc)
+    return mc
+
+
+def test_every_curated_mutant_still_finds_its_line_once():
+    """A mutant whose text no longer appears exactly once fails the mutation check after the whole
+    suite has run (half an hour into CI): say so here, in a second."""
+    mc, root = _mutation_check(), TESTS.parent
     stale = [(m.id, (root / m.file).read_text().count(m.old)) for m in mc.MUTANTS
              if (root / m.file).read_text().count(m.old) != 1]
     assert mc.MUTANTS and not stale, f"mutants whose anchor text is not found exactly once: {stale}"
@@ -190,13 +195,7 @@ def test_every_curated_mutant_still_finds_its_line_once():
 def test_the_curated_baseline_names_each_guarding_test_once():
     """The mutation check runs the guarding tests unmutated once, as one union: a test named by
     several mutants, or inside a file another mutant names whole, is not run twice."""
-    import importlib.util
-    import sys
-    root = TESTS.parent
-    spec = importlib.util.spec_from_file_location("ckd_mutation_check", root / "scripts" / "mutation_check.py")
-    mc = importlib.util.module_from_spec(spec)
-    sys.modules["ckd_mutation_check"] = mc
-    spec.loader.exec_module(mc)
+    mc = _mutation_check()
     got = mc.union_of([("tests/a.py",), ("tests/a.py::t1", "tests/b.py::t2"), ("tests/b.py::t2", "tests/c.py::t[x]")])
     assert got == {"tests/a.py", "tests/b.py::t2", "tests/c.py::t[x]"}
     every = mc.union_of(m.tests for m in mc.MUTANTS)
