@@ -1117,3 +1117,21 @@ def test_a_process_on_another_host_is_never_judged_alive_from_here():
     from ckptdoctor.publishing import naming
     assert naming.owner_alive({"host": naming.HOST, "pid": str(os.getpid()), "start": None}) is True
     assert naming.owner_alive({"host": "another-node", "pid": str(os.getpid()), "start": None}) is False
+
+
+@pytest.mark.parametrize("n", [1, 4, 5, 7])
+def test_a_refused_merge_names_up_to_four_conflicting_files_and_counts_the_rest(n):
+    """Two parts holding different bytes for n files: the refusal names every conflict up to four,
+    in file order, and counts the rest ("(+3 more)" for seven); four or fewer carry no count."""
+    from ckptdoctor.publishing.parts import records as R
+    files = lambda d: {f"f{i}.bin": R.FileRecord(10, [d * 16]) for i in range(n)}  # noqa: E731
+    recs = {0: R.PartRecord(0, 2, "j", NAME, "nodeA", "/src", files("a")),
+            1: R.PartRecord(1, 2, "j", NAME, "nodeB", "/src", files("b"))}
+    with pytest.raises(R.PartRefused) as ei:
+        R.merge_records(recs, "publish")
+    msg = str(ei.value)
+    assert msg.startswith("publish: conflicting copies, nothing committed: f0.bin: part 0 (nodeA) and part 1 "
+                          "(nodeB) hold different bytes (10 vs 10 bytes, xxh3 aaaaaaaaaaaa vs bbbbbbbbbbbb)"), msg
+    named = [f"f{i}.bin" for i in range(n) if f"f{i}.bin:" in msg]
+    assert named == [f"f{i}.bin" for i in range(min(n, 4))], msg
+    assert msg.endswith(f" (+{n - 4} more)" if n > 4 else "bbbbbbbbbbbb)"), msg

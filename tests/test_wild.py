@@ -58,6 +58,18 @@ def test_accelerate_missing_optimizer_and_rng_are_named(wild):
     assert_fires(rep, "CKD101", path_contains="checkpoint_1")
 
 
+def test_an_accelerate_checkpoint_without_any_rng_file_names_the_file_process_0_writes(wild):
+    """Every random_states file of the newest checkpoint gone: besides the missing marker (error), the
+    warning that the resume starts with a fresh RNG names random_states_0.pkl, the file accelerate's
+    process 0 writes and load_state opens (the single-process run's only one)."""
+    run = wild("accelerate/checkpoints")
+    os.remove(run / "checkpoint_1" / "random_states_0.pkl")
+    hits = assert_fires(api.verify(str(run)), "CKD123", severity="warning")
+    (hit,) = [h for h in hits if "fresh RNG" in h.message]
+    assert hit.details == {"file": "random_states_0.pkl"} and "(random_states_0.pkl)" in hit.message, hit.message
+    assert hit.path.endswith("checkpoint_1/random_states_0.pkl"), hit.path
+
+
 def test_accelerate_truncated_optimizer_archive(wild):
     run = wild("accelerate/checkpoints")
     f = run / "checkpoint_0" / "optimizer.bin"
