@@ -707,6 +707,49 @@ def test_forked_workers_check_the_crc_of_a_large_archive_record_like_the_threads
     assert "model.pt" in deep(forked)[0][1]
 
 
+def _bytes_making_crc_zero(data: bytes, at: int) -> bytes:
+    """The 4 bytes that, written at `at`, make the CRC-32 of `data` exactly 0 (CRC-32 is affine in
+    the data's bits over GF(2): solve for those 32 bits)."""
+    import zlib
+    head = zlib.crc32(data[:at])
+    g = lambda x: zlib.crc32(data[at + 4:], zlib.crc32(x, head))  # noqa: E731
+    base = g(bytes(4))
+    rows = [(g((1 << i).to_bytes(4, "little")) ^ base, 1 << i) for i in range(32)]  # (column, which bit)
+    x, want = 0, base
+    for bit in range(32):   # Gaussian elimination: pick a column with this bit, clear it from the rest
+        k = next(k for k, (c, _) in enumerate(rows) if c >> bit & 1)
+        piv = rows.pop(k)
+        rows = [(c ^ piv[0], m ^ piv[1]) if c >> bit & 1 else (c, m) for c, m in rows]
+        if want >> bit & 1:
+            want ^= piv[0]
+            x ^= piv[1]
+    assert want == 0
+    return x.to_bytes(4, "little")
+
+
+def test_a_damaged_record_whose_bytes_have_crc_zero_is_reported_as_crc_00000000_forked_like_threads(tmp_path):
+    """CKD132 names the CRC-32 the bytes on disk have, whatever it is: a record damaged so that its
+    CRC is exactly 0 says 00000000, from a forked worker as from the threads (0 is a CRC like any
+    other, not "none": a worker's result must not turn it into something else)."""
+    import zlib
+    d = tmp_path / "ck"
+    d.mkdir()
+    g = torch.Generator().manual_seed(6)
+    torch.save({"w": torch.rand(3 << 18, generator=g)}, d / "model.pt")     # one 3 MiB record, no NaN
+    start, size = _member(d / "model.pt", "/data/0")
+    data = bytearray(open(d / "model.pt", "rb").read()[start:start + size])
+    at = (2 << 20) + 4096
+    data[at:at + 4] = _bytes_making_crc_zero(bytes(data), at)
+    assert zlib.crc32(bytes(data)) == 0
+    _patch(d / "model.pt", start + at, bytes(data[at:at + 4]))
+    forked, threads = _in_fresh_process(d, "workers"), _in_fresh_process(d, "threads")
+    assert forked["seen"]["forked"] == 1 and threads["seen"]["forked"] == 0
+    deep = lambda found: [f for f in found["findings"] if f[0] != "CKD155"]  # noqa: E731
+    assert deep(forked) == deep(threads)
+    assert [r for r, _, _ in deep(forked)] == ["CKD132"], forked["findings"]
+    assert "has CRC-32 00000000, its archive recorded" in deep(forked)[0][2], deep(forked)
+
+
 def test_a_forked_workers_mappings_start_on_the_page_below_each_window_and_stay_bounded(tmp_path):
     """A worker maps a large record MAP_CHUNK bytes at a time (its mapped pages stay bounded): the
     first mapping starts on the allocation boundary just below the record, each next one where the
