@@ -1135,3 +1135,23 @@ def test_a_refused_merge_names_up_to_four_conflicting_files_and_counts_the_rest(
     named = [f"f{i}.bin" for i in range(n) if f"f{i}.bin:" in msg]
     assert named == [f"f{i}.bin" for i in range(min(n, 4))], msg
     assert msg.endswith(f" (+{n - 4} more)" if n > 4 else "bbbbbbbbbbbb)"), msg
+
+
+def test_another_part_publishs_staging_is_left_alone_while_alive_or_of_unknown_age_and_the_note_says_which(tmp_path):
+    """Cleaning before a part publish removes only another publish's staging that has shown no life
+    for `stale_after` seconds; one active recently, or one with nothing to date it (empty), is left
+    alone with a note saying which of the two it is."""
+    from ckptdoctor.publishing.parts.local import clean_stale
+    live, empty, dead = (tmp_path / f".{NAME}.ckptdoctor-parts-{i}" for i in ("jobA", "jobB", "jobC"))
+    for d in (live, dead):
+        (d / "parts").mkdir(parents=True)
+        (d / "parts" / "0.json").write_text("{}")
+    empty.mkdir()
+    old = time.time() - 3600
+    os.utime(dead / "parts" / "0.json", (old, old))
+    os.utime(dead / "parts", (old, old))
+    notes: list[str] = []
+    assert clean_stale(str(tmp_path), NAME, "mine", 300, notes) == [dead.name]
+    assert notes == [f"left alone: {live.name} (another part publish of {NAME}, active recently)",
+                     f"left alone: {empty.name} (another part publish of {NAME}, active at an unknown time)"], notes
+    assert live.is_dir() and empty.is_dir() and not dead.exists()
