@@ -487,9 +487,10 @@ if mode == "empty":  # the shard is emptied after it was listed and sized, befor
         os.truncate(sys.argv[3], 0)
         return spy(*a)
     ds._scan_in_workers = empty_then_scan
-if mode == "maps":  # every mapping a worker makes, as (offset, length), with a 1 MiB bound per mapping
-    import mmap
-    ds.MAP_CHUNK = 1 << 20
+if mode in ("maps", "maps-shipped"):  # every mapping a worker makes, as (offset, length), with a 1 MiB
+    import mmap                          # bound per mapping ("maps") or the shipped one
+    if mode == "maps":
+        ds.MAP_CHUNK = 1 << 20
     real_mmap = mmap.mmap
     def logged_mmap(fd, length, *a, offset=0, **k):
         if fd >= 0:  # a file's pages, not an anonymous buffer
@@ -748,6 +749,27 @@ def test_a_damaged_record_whose_bytes_have_crc_zero_is_reported_as_crc_00000000_
     assert deep(forked) == deep(threads)
     assert [r for r, _, _ in deep(forked)] == ["CKD132"], forked["findings"]
     assert "has CRC-32 00000000, its archive recorded" in deep(forked)[0][2], deep(forked)
+
+
+def test_a_forked_worker_never_maps_more_than_64_mib_of_a_record_at_once(tmp_path):
+    """The memory a forked worker holds mapped is bounded (the module's promise: at most MAP_CHUNK,
+    64 MiB, per worker): a 96 MiB tensor is mapped as 64 MiB, then the 32 MiB left."""
+    import mmap
+    d = tmp_path / "ck"
+    d.mkdir()
+    n = 24 << 20     # float32 elements: 96 MiB, zeros (a sparse file)
+    header = json.dumps({"w": {"dtype": "F32", "shape": [n], "data_offsets": [0, 4 * n]}}).encode()
+    header += b" " * (-len(header) % 8)
+    with open(d / "model.safetensors", "wb") as fh:
+        fh.write(struct.pack("<Q", len(header)) + header)
+        fh.truncate(8 + len(header) + 4 * n)
+    log = tmp_path / "maps.log"
+    found = _in_fresh_process(d, "maps-shipped", log)
+    assert found["seen"]["forked"] == 1
+    maps = [tuple(map(int, ln.split())) for ln in log.read_text().splitlines()]
+    start = 8 + len(header)
+    base = start - start % mmap.ALLOCATIONGRANULARITY
+    assert maps == [(base, 64 << 20), (base + (64 << 20), start + 4 * n - base - (64 << 20))], maps
 
 
 def test_a_forked_workers_mappings_start_on_the_page_below_each_window_and_stay_bounded(tmp_path):

@@ -291,3 +291,16 @@ def test_a_read_plan_naming_a_rank_outside_its_world_is_refused(ranks):
         R.parse_read_plan({"schema": R.READ_PLAN_SCHEMA, "world": 2, "keys": {"a": ranks}}, "t")
     assert R.parse_read_plan({"schema": R.READ_PLAN_SCHEMA, "world": 2, "keys": {"a": [0, 1]}}, "t").holders == \
         {"a": frozenset({0, 1})}
+
+
+@pytest.mark.parametrize("world", [0, -1, -4, 10_000_001, True, 2.0, "2", None])
+def test_a_read_plan_whose_world_is_not_a_positive_rank_count_is_refused(world):
+    """A recorded read plan's world is how many ranks saved: zero, a negative count, more than ten
+    million, or anything but an integer is refused (never a plan that clears no rank or every one);
+    a positive count is read."""
+    from ckptdoctor.preflight import readsets as R
+    with pytest.raises(R.ReadPlanError, match="'world' must be a positive integer"):
+        R.parse_read_plan({"schema": R.READ_PLAN_SCHEMA, "world": world, "keys": {}}, "t")
+    for ok in (1, 3):
+        assert R.parse_read_plan({"schema": R.READ_PLAN_SCHEMA, "world": ok, "keys": {"a": [0]}}, "t").holders == \
+            {"a": frozenset({0})}
