@@ -11,7 +11,7 @@ from ckptdoctor import api
 from ckptdoctor.commands.manifest import write_manifest
 from ckptdoctor.io import hashing
 from ckptdoctor.layouts import dcp_writer as W
-from helpers import assert_fires, assert_no_errors, cli
+from helpers import as_unprivileged, assert_fires, assert_fires_json, assert_no_errors, cli
 
 
 @pytest.fixture
@@ -74,6 +74,18 @@ def test_corrupt_manifest_is_a_clear_finding(ck):
     assert rc == 1 and "Traceback" not in err
     assert [f["rule"] for f in json.loads(out)["findings"]] == ["CKD154"]
     assert "not valid JSON" in assert_fires(verify(ck), "CKD154")[0].message
+
+
+def test_a_manifest_that_cannot_be_read_is_named_with_the_systems_reason(ck):
+    """CKD154 for a manifest the job's user may not read: the file, and why in the system's words
+    ("Permission denied"), not a Python repr of the exception; the check fails closed (exit 1)."""
+    write_manifest(str(ck), quiet=True)
+    os.chmod(ck / "ckptdoctor.manifest.json", 0)
+    p = subprocess.run(as_unprivileged() + [sys.executable, "-m", "ckptdoctor", "verify", "--checksums", "-f", "json",
+                                            str(ck)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    (hit,) = assert_fires_json(json.loads(p.stdout), "CKD154", severity="error")
+    assert hit["message"] == "ckptdoctor.manifest.json: cannot read: Permission denied", hit
 
 
 def test_manifest_command_never_replaces(ck):
