@@ -107,7 +107,8 @@ def test_findings_name_node_ranks_and_the_files_they_lack(saves, tmp_path):
 
 def test_per_rank_metadata_without_a_global_one(fixture_root, tmp_path):
     """A use_collectives=False save has only __{rank}.metadata files: torch 2.13 loads each rank
-    from its own (no false alarm for the missing .metadata), and a rank whose file is gone fails."""
+    from its own (no false alarm for the missing .metadata), and a rank whose file is gone, or
+    shorter than its own metadata needs, fails."""
     src = fixture_root / "dcp_nocoll"
     assert not (src / ".metadata").exists()
     root = tmp_path / "nodes"
@@ -121,6 +122,11 @@ def test_per_rank_metadata_without_a_global_one(fixture_root, tmp_path):
     os.remove(root / "n2" / "__3_0.distcp")
     said, doc = _preflight_failing_ranks(root, ["n1", "n2"], 2)
     assert said == {3} == _load_failing_ranks(root, ["n1", "n2"], 2, tmp_path), doc["findings"]
+    shutil.copy2(src / "__3_0.distcp", root / "n2" / "__3_0.distcp")   # back, but cut short: what rank 3's
+    os.truncate(root / "n2" / "__3_0.distcp", os.path.getsize(src / "__3_0.distcp") // 2)  # own metadata needs
+    said, doc = _preflight_failing_ranks(root, ["n1", "n2"], 2)
+    assert said == {3} == _load_failing_ranks(root, ["n1", "n2"], 2, tmp_path), doc["findings"]
+    assert {f["rule"] for f in doc["findings"] if f["severity"] == "error"} == {"CKD402", "CKD406"}, doc["findings"]
 
 
 # ---- issue 36: a rank reads only the keys of its own load state dict --------------------------------
