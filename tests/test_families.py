@@ -829,6 +829,25 @@ def test_a_link_that_cannot_be_followed_for_another_reason_is_not_called_a_loop(
     assert "vocab.json is a dangling symlink" in hits[0].message, hits[0].message
 
 
+@pytest.mark.parametrize("kind", ["dangling", "loop"])
+def test_a_link_to_nothing_is_dangling_and_a_link_to_itself_a_loop(tmp_path, kind):
+    """CKD125 says which of the two a checkpoint's unreadable link is: one whose target is gone
+    (ENOENT) is "a dangling symlink", one that leads back to itself (ELOOP) "a symlink loop"."""
+    d = tmp_path / "exported"
+    d.mkdir()
+    from safetensors.torch import save_file
+    save_file(sd(1), str(d / "model.safetensors"))
+    if kind == "dangling":
+        os.symlink("tokenizer.json", d / "vocab.json")          # tokenizer.json was never copied
+    else:
+        os.symlink("merges.txt", d / "vocab.json")
+        os.symlink("vocab.json", d / "merges.txt")
+    hits = assert_fires(api.verify(str(d)), "CKD125", path_contains="vocab.json", severity="error")
+    want = "a dangling symlink" if kind == "dangling" else "a symlink loop"
+    assert [h.message for h in hits if "vocab.json" in h.path] == [f"vocab.json is {want}: the file cannot be read"], \
+        [h.message for h in hits]
+
+
 def test_a_symlink_leaving_the_checkpoint_is_a_warning(tmp_path):
     """A file of the checkpoint that is a link to something outside it: CKD125 warns (a copy or a
     publish does not carry it); a link inside the checkpoint is no finding."""
