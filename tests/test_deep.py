@@ -772,6 +772,25 @@ def test_a_forked_worker_never_maps_more_than_64_mib_of_a_record_at_once(tmp_pat
     assert maps == [(base, 64 << 20), (base + (64 << 20), start + 4 * n - base - (64 << 20))], maps
 
 
+def test_a_forked_worker_reads_records_smaller_than_a_window_without_mapping_them(tmp_path):
+    """Records of a window or less are read with pread and their results sent in batches (a mapping
+    per record of a few bytes dominated a 1M-record scan): the workers map none of them, and find
+    what the threads find, a NaN at the first element of a tensor included."""
+    from safetensors.torch import save_file
+    d = tmp_path / "ck"
+    d.mkdir()
+    ts = {f"t{i}": torch.ones(1 << 14) for i in range(6)}     # 64 KiB each
+    ts["t3"][0] = float("nan")
+    save_file(ts, str(d / "model.safetensors"))
+    log = tmp_path / "maps.log"
+    forked = _in_fresh_process(d, "maps-shipped", log)
+    threads = _in_fresh_process(d, "threads")
+    assert forked["seen"]["forked"] == 1 and not log.exists(), log.read_text() if log.exists() else ""
+    assert forked["findings"] == threads["findings"]
+    (nan,) = [f for f in forked["findings"] if f[0] == "CKD130"]
+    assert "t3" in nan[2] and "the first at t3[0]" in nan[2], nan
+
+
 def test_a_forked_workers_mappings_start_on_the_page_below_each_window_and_stay_bounded(tmp_path):
     """A worker maps a large record MAP_CHUNK bytes at a time (its mapped pages stay bounded): the
     first mapping starts on the allocation boundary just below the record, each next one where the
@@ -914,3 +933,25 @@ def test_nan_and_inf_are_counted_in_every_float_width(tmp_path, dtype):
     assert (int(torch.isnan(got).sum()), int(torch.isinf(got).sum())) == (1, 2)
     (hit,) = assert_fires(api.verify(str(d), deep=True), "CKD130", severity="error")
     assert (hit.details["nan"], hit.details["inf"], hit.details["first"]) == (1, 2, "w[1, 7]"), hit.details
+
+
+@pytest.mark.parametrize("cores, records, threads", [(32, 12, 8), (32, 3, 3), (2, 12, 2)])
+def test_a_deep_scan_runs_one_thread_per_core_up_to_eight_and_no_more_than_its_records(tmp_path, monkeypatch,
+                                                                                         cores, records, threads):
+    """The pread threads of --deep: one per core the process may run on, at most 8 (the bound on its
+    buffers and open reads), never more than there are records to scan."""
+    import ckptdoctor.checks.deep_scan as ds
+    from safetensors.torch import save_file
+    d = tmp_path / "ck"
+    d.mkdir()
+    save_file({f"t{i}": torch.ones(256) for i in range(records)}, str(d / "model.safetensors"))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    sizes = []
+    real_pool = ds.ThreadPoolExecutor
+
+    def pool(n, *a, **k):
+        sizes.append(n)
+        return real_pool(n, *a, **k)
+    monkeypatch.setattr(ds, "ThreadPoolExecutor", pool)
+    assert not [f for f in api.verify(str(d), deep=True).findings if f.severity != "info"]
+    assert sizes == [threads], sizes

@@ -1155,3 +1155,22 @@ def test_another_part_publishs_staging_is_left_alone_while_alive_or_of_unknown_a
     assert notes == [f"left alone: {live.name} (another part publish of {NAME}, active recently)",
                      f"left alone: {empty.name} (another part publish of {NAME}, active at an unknown time)"], notes
     assert live.is_dir() and empty.is_dir() and not dead.exists()
+
+
+def test_a_part_that_finds_many_foreign_copies_names_four_and_counts_the_rest(tmp_path):
+    """A part finding eleven files already in the staging with other bytes (a dead earlier run's)
+    refuses at once, naming four of them and counting the other seven; nothing is committed."""
+    parts, full = nodes_of(tmp_path, 2, ranks=16)
+    dest = tmp_path / "dest"
+    tree = dest / f".{NAME}.ckptdoctor-parts-job5" / NAME
+    tree.mkdir(parents=True)
+    mine = sorted(os.listdir(parts[0]))
+    assert len(mine) == 11, mine     # 8 shards, .metadata, metadata.json, common.pt
+    for f in mine:
+        stale = bytearray((parts[0] / f).read_bytes())
+        stale[len(stale) // 2] ^= 0xFF  # same size, other bytes
+        (tree / f).write_bytes(bytes(stale))
+    rc, out, err = finish(start_part(parts[0], dest, 0, 2, "job5"))
+    assert rc == 1 and "conflicting copies, nothing committed" in err, (rc, err)
+    assert sum(f"{f}: part 0" in err for f in mine) == 4 and " (+7 more); settle which node's copy is right" in err, err
+    assert not (dest / NAME).exists()

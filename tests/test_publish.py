@@ -83,6 +83,21 @@ def test_publish_real_megatron_checkpoint(real, tmp_path):
     assert set(man["files"]) == set(os.listdir(src)) and man["layout"] == "megatron-torch-dist"
 
 
+def test_a_publish_reports_how_long_it_took_never_more_than_the_command_ran(real, tmp_path):
+    """`published.seconds` is the publish's own duration, a copy or a no-op: at least zero and no more
+    than the whole command took, measured around it (never a clock reading)."""
+    import time
+    run = real("megatron_run")
+    dest = tmp_path / "dest"
+    for status in ("published", "unchanged"):
+        t0 = time.monotonic()
+        rc, out, err = pub(run / "iter_0000100", dest, "--format", "json")
+        took = time.monotonic() - t0
+        facts = json.loads(out)["facts"]["published"]
+        assert rc == 0 and facts["status"] == status, (facts, err)
+        assert 0 <= facts["seconds"] <= took, (facts["seconds"], took)
+
+
 def test_publish_twice_is_a_no_op_and_replace_needs_the_flag(real, tmp_path):
     run = real("megatron_run")
     dest = tmp_path / "dest"
