@@ -475,6 +475,10 @@ def test_host_memory_budget(four):
     assert d["peak_bytes"] == d["load_bytes"] + d["pinned_bytes"] and d["memory_source"] == "--mem-per-node"
     rc, rep, err = pre(*base, "--mem-per-node", f"{int(d['peak_bytes'] / 0.9)}B")
     assert rc == 0 and assert_fires_json(rep, "CKD410", severity="warning")
+    rc, rep, err = pre(*base, "--mem-per-node", f"{d['peak_bytes']}B")     # exactly fits: still a warning
+    assert rc == 0 and assert_fires_json(rep, "CKD410", severity="warning")
+    rc, rep, err = pre(*base, "--mem-per-node", f"{int(d['peak_bytes'] / 1.1)}B")  # 110 %: over, an error
+    assert rc == 1 and assert_fires_json(rep, "CKD410", severity="error")
     rc, rep, err = pre(*base, "--mem-per-node", "1G")
     assert rc == 0 and not [f for f in rep["findings"] if f["rule"] == "CKD410"]
     rc, rep, err = pre(*base, env={"SLURM_MEM_PER_NODE": "1"})  # Slurm's MiB: plenty
