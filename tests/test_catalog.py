@@ -172,15 +172,19 @@ def test_the_tracker_dangling_hint_names_the_command_that_fixes_it(tmp_path):
     assert hit.hint.startswith("`ckptdoctor verify --fix ") and "iter_0000100" in hit.hint and "--dry-run" in hit.hint
 
 
-def _mutation_check():
-    """scripts/mutation_check.py, loaded as a module (scripts/ is no package)."""
+def _script(name: str):
+    """scripts/<name>.py, loaded as a module (scripts/ is no package)."""
     import importlib.util
     import sys
-    spec = importlib.util.spec_from_file_location("ckd_mutation_check", TESTS.parent / "scripts" / "mutation_check.py")
-    mc = importlib.util.module_from_spec(spec)
-    sys.modules["ckd_mutation_check"] = mc
-    spec.loader.exec_module(mc)
-    return mc
+    spec = importlib.util.spec_from_file_location(f"ckd_{name}", TESTS.parent / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[f"ckd_{name}"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _mutation_check():
+    return _script("mutation_check")
 
 
 def test_every_curated_mutant_still_finds_its_line_once():
@@ -377,3 +381,30 @@ def test_a_coverage_directed_mutant_run_never_counts_a_missing_test_id_as_a_kill
     monkeypatch.setattr(mt, "_pytest", lambda tests: ran.append(tests) or (4 if tests == ["t.py::gone"] else 0))
     monkeypatch.setattr(sys, "argv", ["mutant_tests.py", str(tmp_path / "map.json")])
     assert mt.main() == 0 and ran == [["t.py::gone"], ["all.py"]]
+
+
+def test_the_population_estimate_weights_each_group_by_its_size_and_ignores_equivalents(tmp_path):
+    """MUTATION.md's population score is killed / non-equivalent with each group's sample weighted by
+    the group's population: a group of 100 at 1 of 2 and one of 300 at 2 of 2 non-equivalent (its
+    equivalent and annotation-only mutants excluded) make 80 %, not the 75 % of the pooled counts."""
+    est = _script("mutation_estimate")
+    rows = [("a", 100, "killed"), ("a", 100, "survived"),
+            ("b", 300, "killed"), ("b", 300, "killed"), ("b", 300, "equivalent"), ("b", 300, "annotation")]
+    p = tmp_path / "s.jsonl"
+    p.write_text("".join(json.dumps({"group": g, "population": n, "as_the_suite_stood": v}) + "\n" for g, n, v in rows))
+    by_group, population = est.load([str(p)])
+    assert est.estimate(by_group, population) == pytest.approx(0.8)
+    lo, hi = est.interval(by_group, population, rounds=500)
+    assert 0 <= lo <= hi <= 1
+    assert est.estimate({"a": ["equivalent"]}, {"a": 10}) is None
+
+
+def test_the_population_estimate_in_mutation_md_is_what_the_recorded_samples_give():
+    est = _script("mutation_estimate")
+    by_group, population = est.load([str(TESTS.parent / "benchmarks" / "mutation" / "session32.jsonl")])
+    assert sum(map(len, by_group.values())) == 230
+    point = est.estimate(by_group, population)
+    lo, hi = est.interval(by_group, population)
+    text = (TESTS.parent / "MUTATION.md").read_text()
+    assert f"{point:.1%}".replace("%", " %") in text and f"{lo:.1%}-{hi:.1%}".replace("%", "") + " %" in text, \
+        (point, lo, hi)
