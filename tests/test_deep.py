@@ -687,25 +687,39 @@ def test_forked_workers_map_a_large_record_that_starts_past_1_mib_window_by_wind
     assert forked["seen"]["reported"] == forked["seen"]["records"] == 2, forked["seen"]
 
 
+def _one_record_pt(d, seed: int) -> tuple[int, int]:
+    """d/model.pt holding one 3 MiB float32 record (seeded): its (absolute start, size)."""
+    d.mkdir()
+    g = torch.Generator().manual_seed(seed)
+    torch.save({"w": torch.randn(3 << 18, generator=g)}, d / "model.pt")
+    start, size = _member(d / "model.pt", "/data/0")
+    assert size == 3 << 20
+    return start, size
+
+
+def _deep_only(found: dict) -> list:
+    """A fresh process's findings but CKD155 (a lone .pt is no known family: info)."""
+    return [f for f in found["findings"] if f[0] != "CKD155"]
+
+
+def _mappings(log) -> list[tuple[int, int]]:
+    """The (offset, length) of every mapping a "maps" run of _WORKERS logged, in order."""
+    return [tuple(map(int, ln.split())) for ln in log.read_text().splitlines() if ln]
+
+
 def test_forked_workers_check_the_crc_of_a_large_archive_record_like_the_threads(tmp_path):
     """A torch archive's record larger than a window is scanned by a forked worker through mmap: a
     byte changed after the write is a CRC mismatch there exactly as in the threads (torch.load
     itself never checks it)."""
     d = tmp_path / "ck"
-    d.mkdir()
-    g = torch.Generator().manual_seed(5)
-    torch.save({"w": torch.randn(3 << 18, generator=g)}, d / "model.pt")     # one 3 MiB record
-    start, size = _member(d / "model.pt", "/data/0")
-    assert size == 3 << 20
-    def deep(found):   # a lone .pt is no known family (CKD155, info): the deep findings only
-        return [f for f in found["findings"] if f[0] != "CKD155"]
-    assert not deep(_in_fresh_process(d, "workers"))
+    start, _size = _one_record_pt(d, 5)
+    assert not _deep_only(_in_fresh_process(d, "workers"))
     _patch(d / "model.pt", start + (2 << 20) + 3, b"\x5a")               # in its third window
     forked, threads = _in_fresh_process(d, "workers"), _in_fresh_process(d, "threads")
     assert forked["seen"]["forked"] == 1 and threads["seen"]["forked"] == 0
-    assert deep(forked) == deep(threads)
-    assert [r for r, _, _ in deep(forked)] == ["CKD132"], forked["findings"]
-    assert "model.pt" in deep(forked)[0][1]
+    assert _deep_only(forked) == _deep_only(threads)
+    assert [r for r, _, _ in _deep_only(forked)] == ["CKD132"], forked["findings"]
+    assert "model.pt" in _deep_only(forked)[0][1]
 
 
 def _bytes_making_crc_zero(data: bytes, at: int) -> bytes:
@@ -734,10 +748,7 @@ def test_a_damaged_record_whose_bytes_have_crc_zero_is_reported_as_crc_00000000_
     other, not "none": a worker's result must not turn it into something else)."""
     import zlib
     d = tmp_path / "ck"
-    d.mkdir()
-    g = torch.Generator().manual_seed(6)
-    torch.save({"w": torch.rand(3 << 18, generator=g)}, d / "model.pt")     # one 3 MiB record, no NaN
-    start, size = _member(d / "model.pt", "/data/0")
+    start, size = _one_record_pt(d, 6)
     data = bytearray(open(d / "model.pt", "rb").read()[start:start + size])
     at = (2 << 20) + 4096
     data[at:at + 4] = _bytes_making_crc_zero(bytes(data), at)
@@ -745,10 +756,9 @@ def test_a_damaged_record_whose_bytes_have_crc_zero_is_reported_as_crc_00000000_
     _patch(d / "model.pt", start + at, bytes(data[at:at + 4]))
     forked, threads = _in_fresh_process(d, "workers"), _in_fresh_process(d, "threads")
     assert forked["seen"]["forked"] == 1 and threads["seen"]["forked"] == 0
-    deep = lambda found: [f for f in found["findings"] if f[0] != "CKD155"]  # noqa: E731
-    assert deep(forked) == deep(threads)
-    assert [r for r, _, _ in deep(forked)] == ["CKD132"], forked["findings"]
-    assert "has CRC-32 00000000, its archive recorded" in deep(forked)[0][2], deep(forked)
+    assert _deep_only(forked) == _deep_only(threads)
+    assert [r for r, _, _ in _deep_only(forked)] == ["CKD132"], forked["findings"]
+    assert "has CRC-32 00000000, its archive recorded" in _deep_only(forked)[0][2], _deep_only(forked)
 
 
 def test_a_forked_worker_never_maps_more_than_64_mib_of_a_record_at_once(tmp_path):
@@ -766,7 +776,7 @@ def test_a_forked_worker_never_maps_more_than_64_mib_of_a_record_at_once(tmp_pat
     log = tmp_path / "maps.log"
     found = _in_fresh_process(d, "maps-shipped", log)
     assert found["seen"]["forked"] == 1
-    maps = [tuple(map(int, ln.split())) for ln in log.read_text().splitlines()]
+    maps = _mappings(log)
     start = 8 + len(header)
     base = start - start % mmap.ALLOCATIONGRANULARITY
     assert maps == [(base, 64 << 20), (base + (64 << 20), start + 4 * n - base - (64 << 20))], maps
@@ -819,7 +829,7 @@ def test_a_forked_workers_mappings_start_on_the_page_below_each_window_and_stay_
     log = tmp_path / "maps"
     got = _in_fresh_process(d, "maps", log)
     assert got["seen"]["forked"] == 1
-    assert {tuple(map(int, line.split())) for line in log.read_text().split("\n") if line} == want
+    assert set(_mappings(log)) == want
     nan = sorted(m for r, _, m in got["findings"] if r == "CKD130")
     assert len(nan) == 2 and "holds 1 NaN" in nan[0] and nan[0].endswith(f"the first at a[{(1 << 18) + 4}]"), nan
     assert "holds 1 NaN" in nan[1] and nan[1].endswith("the first at b[5]"), nan

@@ -127,6 +127,13 @@ def test_conflicting_metadata_on_two_nodes_names_both(tmp_path):
     assert verify_json(dest)[0] == 0  # the previous checkpoint is intact and still the resume target
 
 
+def _stale_copy(src, dst) -> None:
+    """dst: src's size, other bytes (a dead earlier run's copy of the file)."""
+    stale = bytearray(src.read_bytes())
+    stale[len(stale) // 2] ^= 0xFF
+    dst.write_bytes(bytes(stale))
+
+
 def test_a_stale_file_left_in_staging_by_a_dead_run_is_never_committed(tmp_path):
     """A dead earlier run placed common.pt (then the node saved again): the re-run finds a copy in
     place that is not its own and not in any journal; it compares instead of trusting it."""
@@ -134,9 +141,7 @@ def test_a_stale_file_left_in_staging_by_a_dead_run_is_never_committed(tmp_path)
     dest = tmp_path / "dest"
     tree = dest / ".iter_0000100.ckptdoctor-parts-job5" / NAME
     tree.mkdir(parents=True)
-    stale = bytearray((full / "common.pt").read_bytes())
-    stale[len(stale) // 2] ^= 0xFF  # same size, other bytes
-    (tree / "common.pt").write_bytes(bytes(stale))
+    _stale_copy(full / "common.pt", tree / "common.pt")
     res = [finish(p) for p in [start_part(parts[k], dest, k, 2, "job5") for k in range(2)]]
     assert [r[0] for r in res] == [1, 1], res
     assert all("common.pt" in r[2] and "different bytes" in r[2] for r in res), res
@@ -1167,9 +1172,7 @@ def test_a_part_that_finds_many_foreign_copies_names_four_and_counts_the_rest(tm
     mine = sorted(os.listdir(parts[0]))
     assert len(mine) == 11, mine     # 8 shards, .metadata, metadata.json, common.pt
     for f in mine:
-        stale = bytearray((parts[0] / f).read_bytes())
-        stale[len(stale) // 2] ^= 0xFF  # same size, other bytes
-        (tree / f).write_bytes(bytes(stale))
+        _stale_copy(parts[0] / f, tree / f)
     rc, out, err = finish(start_part(parts[0], dest, 0, 2, "job5"))
     assert rc == 1 and "conflicting copies, nothing committed" in err, (rc, err)
     assert sum(f"{f}: part 0" in err for f in mine) == 4 and " (+7 more); settle which node's copy is right" in err, err
